@@ -1,0 +1,51 @@
+# Finds every third-party dependency once; modules link the imported targets named here.
+# Required ones stop configuration with a message naming the package to install.
+
+find_package(CUDAToolkit 12.0 REQUIRED)
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+
+# Libraries that ship with the toolkit but not as CUDAToolkit components.
+function(gpulab_find_toolkit_lib var libname header)
+  find_library(${var}_LIB NAMES ${libname}
+    HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64
+          ${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/lib64 /usr/lib/x86_64-linux-gnu)
+  find_path(${var}_INCLUDE NAMES ${header}
+    HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include /usr/include)
+  if(${var}_LIB AND ${var}_INCLUDE)
+    set(${var}_FOUND TRUE PARENT_SCOPE)
+    set(tgt gpulab::${libname})
+    add_library(${tgt} UNKNOWN IMPORTED GLOBAL)
+    set_target_properties(${tgt} PROPERTIES IMPORTED_LOCATION ${${var}_LIB}
+      INTERFACE_INCLUDE_DIRECTORIES ${${var}_INCLUDE})
+  else()
+    set(${var}_FOUND FALSE PARENT_SCOPE)
+  endif()
+endfunction()
+
+gpulab_find_toolkit_lib(GPULAB_CUDNN cudnn cudnn.h)
+gpulab_find_toolkit_lib(GPULAB_NCCL nccl nccl.h)
+gpulab_find_toolkit_lib(GPULAB_CUPTI cupti cupti.h)
+gpulab_find_toolkit_lib(GPULAB_NVJPEG nvjpeg nvjpeg.h)
+gpulab_find_toolkit_lib(GPULAB_CUSPARSELT cusparseLt cusparseLt.h)
+
+foreach(req CUDNN NCCL CUPTI)
+  if(NOT GPULAB_${req}_FOUND)
+    message(FATAL_ERROR "gpulab needs ${req} from the CUDA toolkit; install it (e.g. the cudnn9-cuda-13 / libnccl-dev packages) or point CMAKE_PREFIX_PATH at it")
+  endif()
+  set(GPULAB_${req}_SUMMARY "found (${GPULAB_${req}_LIB})")
+endforeach()
+foreach(opt NVJPEG CUSPARSELT)
+  if(GPULAB_${opt}_FOUND)
+    set(GPULAB_${opt}_SUMMARY "found (${GPULAB_${opt}_LIB})")
+  else()
+    set(GPULAB_${opt}_SUMMARY "not found: features that need it are built without it")
+  endif()
+endforeach()
+set(GPULAB_HAVE_NVJPEG ${GPULAB_NVJPEG_FOUND})
+set(GPULAB_HAVE_CUSPARSELT ${GPULAB_CUSPARSELT_FOUND})
+
+if(GPULAB_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

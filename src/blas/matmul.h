@@ -1,0 +1,53 @@
+// cuBLASLt matrix products for every module (the GEMM benchmarks, the LLaMA engine, training).
+// Row-major throughout, as the rest of gpulab stores tensors:
+//   C[m×n] = alpha · op(A) · op(B) + beta · C,   op(A) is m×k, op(B) is k×n.
+// A linear layer y = x·Wᵀ with W stored [out, in] is {m=tokens, n=out, k=in, transpose_b=true}.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/dtype.h"
+
+namespace gpulab::blas {
+
+struct MatmulShape {
+  int64_t m = 0, n = 0, k = 0;
+  bool transpose_a = false;  // A stored k×m
+  bool transpose_b = false;  // B stored n×k
+};
+
+struct MatmulTypes {
+  core::DType a = core::DType::f32, b = core::DType::f32, c = core::DType::f32;
+  core::MathMode math = core::MathMode::strict_fp32;  // tf32 allowed only when set
+};
+
+// fp8 per-tensor scales (device pointers to one float each): C = (scale_a·A)(scale_b·B).
+struct Fp8Scales {
+  const float* a = nullptr;
+  const float* b = nullptr;
+};
+
+// Owns a cuBLASLt handle and workspace, and caches the chosen algorithm per problem.
+// One per device and thread; not thread-safe.
+class Blas {
+ public:
+  explicit Blas(size_t workspace_bytes = 32u << 20);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // Throws core::Error naming the problem when cuBLASLt has no algorithm for it.
+  void matmul(const MatmulShape& shape, const MatmulTypes& types, const void* a, const void* b,
+              void* c, cudaStream_t stream, float alpha = 1.f, float beta = 0.f,
+              const Fp8Scales& scales = {});
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace gpulab::blas
