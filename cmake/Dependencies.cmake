@@ -49,3 +49,14 @@ set(GPULAB_HAVE_CUSPARSELT ${GPULAB_CUSPARSELT_FOUND})
 if(GPULAB_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+
+# PCRE2 (8-bit, UTF + Unicode properties) for tokenizer pre-splitting regexes.
+find_path(GPULAB_PCRE2_INCLUDE pcre2.h)
+find_library(GPULAB_PCRE2_LIB pcre2-8)
+if(NOT GPULAB_PCRE2_INCLUDE OR NOT GPULAB_PCRE2_LIB)
+  message(FATAL_ERROR "gpulab needs PCRE2: apt-get install libpcre2-dev")
+endif()
+add_library(gpulab::pcre2 UNKNOWN IMPORTED GLOBAL)
+set_target_properties(gpulab::pcre2 PROPERTIES IMPORTED_LOCATION ${GPULAB_PCRE2_LIB}
+  INTERFACE_INCLUDE_DIRECTORIES ${GPULAB_PCRE2_INCLUDE}
+  INTERFACE_COMPILE_DEFINITIONS PCRE2_CODE_UNIT_WIDTH=8)
