@@ -3,6 +3,8 @@
 #include "llm/tokenizer.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -148,6 +150,16 @@ class BpeModel {
   bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
   std::string continuing_subword_prefix, end_of_word_suffix;
 
+  // The ids of the byte-fallback tokens <0x00>..<0xFF>, once the vocab is complete.
+  void index_byte_tokens() {
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      auto it = vocab.find(name);
+      byte_ids_[b] = it == vocab.end() ? -1 : it->second;
+    }
+  }
+
   void add_merge(int32_t left, int32_t right, int32_t rank, int32_t merged) {
     merges_[key(left, right)] = {rank, merged};  // a later duplicate wins, as in the HashMap collect
   }
@@ -233,15 +245,8 @@ class BpeModel {
         continue;
       }
       if (byte_fallback) {
-        std::vector<int32_t> bytes;
-        for (unsigned char b : s) {
-          char name[8];
-          std::snprintf(name, sizeof(name), "<0x%02X>", b);
-          if (auto id = lookup(name)) bytes.push_back(*id);
-          else break;
-        }
-        if (bytes.size() == s.size()) {
-          for (int32_t id : bytes) add(id, 1);
+        if (std::all_of(s.begin(), s.end(), [&](unsigned char b) { return byte_ids_[b] >= 0; })) {
+          for (unsigned char b : s) add(byte_ids_[b], 1);
           continue;
         }
       }
@@ -286,6 +291,7 @@ class BpeModel {
   }
 
   std::unordered_map<uint64_t, MergeInfo> merges_;
+  std::array<int32_t, 256> byte_ids_{};
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
@@ -765,6 +771,7 @@ void load_model(TokenizerImpl& t, const json& m) {
   bpe.fuse_unk = m.value("fuse_unk", false);
   bpe.byte_fallback = m.value("byte_fallback", false);
   bpe.ignore_merges = m.value("ignore_merges", false);
+  bpe.index_byte_tokens();
   // dropout only regularizes training; encoding here is always the deterministic one.
   if (m.contains("unk_token") && m["unk_token"].is_string()) {
     const std::string unk = m["unk_token"].get<std::string>();
