@@ -135,6 +135,8 @@ TEST(Cli, LogitsBadInputsExit2) {
   const CliRun d = run("logits --dummy-weights --config llama9 --ids 1");
   EXPECT_EQ(d.exit_code, 2);
   EXPECT_NE(d.out.find("llama2-7b"), std::string::npos) << d.out;
+}
+
 TEST(Cli, TokenizeEncodesAndDecodesLikeHuggingFace) {
   const std::string model = kData + "/tokenizer_spm";
   const auto cases = nlohmann::json::parse(std::ifstream(model + "/tokenizer_cases.json"))["cases"];
