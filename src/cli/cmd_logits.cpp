@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "llm/cpu_model.h"
@@ -16,13 +17,9 @@ namespace gpulab::cli {
 namespace {
 
 struct LogitsOptions {
-  std::string model;
-  std::string config;
-  bool dummy_weights = false;
+  ModelOptions model;
   std::string ids;
-  std::string device = "cpu";
   std::string out;
-  int threads = 0;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -45,18 +42,10 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-llm::WeightSource weight_source(const LogitsOptions& opt) {
-  if (opt.dummy_weights) {
-    if (opt.config.empty()) throw core::InputError("--dummy-weights needs --config FILE|NAME");
-    return llm::WeightSource::random(llm::config_from_arg(opt.config));
-  }
-  if (opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME)");
-  return llm::WeightSource::from_checkpoint(opt.model);
-}
-
+// The logits of every position: one engine step over the whole prompt.
 std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<int32_t>& ids) {
-  const llm::WeightSource weights = weight_source(opt);
-  if (opt.device == "cpu") return llm::CpuModel(weights, opt.threads).logits(ids);
+  const llm::WeightSource weights = load_weights(opt.model);
+  if (opt.model.engine.device == "cpu") return llm::CpuModel(weights, opt.model.engine.threads).logits(ids);
   throw core::InputError("--device cuda: the CUDA engine is not built yet in this version");
 }
 
@@ -89,15 +78,9 @@ int run_logits(const LogitsOptions& opt) {
 void add_logits_command(CLI::App& app, Runner& run) {
   auto opt = std::make_shared<LogitsOptions>();
   auto* sub = app.add_subcommand("logits", "Print or save a model's logits for a list of token ids");
-  sub->add_option("--model", opt->model, "Hugging Face checkpoint folder (config.json + safetensors)");
-  sub->add_option("--config", opt->config, "With --dummy-weights: a config.json or a built-in shape (llama2-7b, llama3-8b, ...)");
-  sub->add_flag("--dummy-weights", opt->dummy_weights, "Random weights of the right shapes instead of a checkpoint");
+  add_model_options(*sub, opt->model);
   sub->add_option("--ids", opt->ids, "Comma-separated token ids")->required();
-  sub->add_option("--device", opt->device, "Where to run: cpu (float32 reference) or cuda (bf16 engine)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
   sub->add_option("--out", opt->out, "Write float32 tensor `logits` [tokens, vocab] to this .safetensors file");
-  sub->add_option("--threads", opt->threads, "CPU threads (0: all)")->capture_default_str();
   sub->footer("Example:\n  gpulab logits --model ~/models/Llama-3.2-1B --ids 128000,9906,1917 --out logits.safetensors");
   sub->callback([&run, opt] { run = [opt] { return run_logits(*opt); }; });
 }
