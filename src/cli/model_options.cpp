@@ -33,7 +33,9 @@ llm::WeightSource load_weights(const ModelOptions& opt) {
 
 llm::Tokenizer load_tokenizer(const ModelOptions& opt) {
   if (!opt.tokenizer.empty()) return llm::Tokenizer::from_file(opt.tokenizer);
-  if (opt.model.empty()) throw core::InputError("give --tokenizer FILE: --dummy-weights has no tokenizer of its own");
+  if (opt.model.empty() && opt.dummy_weights)
+    throw core::InputError("give --tokenizer FILE: --dummy-weights has no tokenizer of its own");
+  if (opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME --tokenizer FILE)");
   return llm::Tokenizer::from_file(opt.model);
 }
 

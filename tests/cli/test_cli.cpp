@@ -1,14 +1,20 @@
 // Runs the gpulab executable as a user would and checks exit codes and output.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
+#include <thread>
+
 #include <array>
+#include <sstream>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/gpu.h"
+#include "common/http_client.h"
 #include "core/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -74,10 +80,21 @@ TEST(Cli, InspectMissingPath) {
   EXPECT_NE(r.out.find("no such file"), std::string::npos) << r.out;
 }
 
-TEST(Cli, PlannedCommandSaysNotBuilt) {
-  const CliRun r = run("serve --port 8000");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.out.find("not built yet"), std::string::npos) << r.out;
+TEST(Cli, PlannedCommandsSayNotBuilt) {
+  // Every command --help marks as not built must say so when run, and exit 2.
+  std::istringstream help(run("--help").out);
+  for (std::string line; std::getline(help, line);) {
+    if (line.find("[not built yet]") == std::string::npos) continue;
+    std::istringstream words(line);
+    std::string name;
+    words >> name;
+    const CliRun r = run(name + " --some-flag");
+    EXPECT_EQ(r.exit_code, 2) << name;
+    EXPECT_NE(r.out.find("not built yet"), std::string::npos) << name << ": " << r.out;
+  }
+  const CliRun serve = run("serve --port 8000");
+  EXPECT_EQ(serve.exit_code, 2);
+  EXPECT_NE(serve.out.find("--model"), std::string::npos) << serve.out;
 }
 
 TEST(Cli, InfoWithoutDeviceExits3WithHostFacts) {
@@ -166,4 +183,58 @@ TEST(Cli, TokenizeBadInputExits2) {
   }
   EXPECT_NE(run("tokenize --model /no/such/dir --text hi").out.find("/no/such/dir"), std::string::npos);
   EXPECT_NE(run("tokenize --model " + model + " --ids 1,x,3").out.find("\"x\""), std::string::npos);
+}
+
+TEST(Cli, GenerateOnCpuStreamsTextAndStats) {
+  const CliRun r = run("generate --model " + kData + "/llama_tiny --prompt 'Hello' --max-new-tokens 8 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("[cpu] prompt"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generated 8 tokens"), std::string::npos) << r.out;
+  EXPECT_EQ(run("generate --model " + kData + "/llama_tiny --prompt 'Hi' --top-p 0").exit_code, 2);
+}
+
+// `gpulab serve` as a process: answers, then on SIGTERM finishes the request in flight and exits 0.
+TEST(Cli, ServeFinishesInFlightRequestOnSigterm) {
+  int port = 0;
+  {  // a free port: bind 0, read it, release it
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+    ::close(fd);
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string model = kData + "/llama_tiny", p = std::to_string(port);
+    ::execl(GPULAB_EXE, GPULAB_EXE, "-q", "serve", "--model", model.c_str(), "--port", p.c_str(), nullptr);
+    ::_exit(127);
+  }
+  bool up = false;
+  for (int i = 0; i < 300 && !up; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    try {
+      up = gpulab::testing::http_request(port, "GET", "/health").status == 200;
+    } catch (const std::exception&) {
+    }
+  }
+  ASSERT_TRUE(up) << "serve did not come up on port " << port;
+  const int fd = gpulab::testing::http_connect(port);
+  gpulab::testing::http_send(fd, "POST", "/v1/completions", R"({"prompt": "Once", "max_tokens": 300, "temperature": 0, "stream": true})");
+  std::string reply(256, '\0');
+  const ssize_t first = ::recv(fd, reply.data(), reply.size(), 0);
+  ASSERT_GT(first, 0);  // streaming has begun
+  reply.resize(static_cast<size_t>(first));
+  ::kill(pid, SIGTERM);
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) reply.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  EXPECT_NE(reply.find("data: [DONE]"), std::string::npos);  // the request ran to its end
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
