@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -752,6 +753,12 @@ void add_post_processor(TokenizerImpl& t, const json& j) {
   }
 }
 
+int32_t id_of(const TokenizerImpl& t, const json& id, const std::string& what) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
+    t.fail(what + " has a bad id " + id.dump());
+  return id.get<int32_t>();
+}
+
 void load_model(TokenizerImpl& t, const json& m) {
   if (!m.is_object()) t.fail("no \"model\" object");
   const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "");
@@ -759,10 +766,9 @@ void load_model(TokenizerImpl& t, const json& m) {
   BpeModel& bpe = t.model;
   if (!m.contains("vocab") || !m["vocab"].is_object()) t.fail("model has no \"vocab\" object");
   for (const auto& [token, id] : m["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-      t.fail("vocab entry " + token + " has a bad id " + id.dump());
-    bpe.vocab[token] = id.get<int32_t>();
-    t.model_tokens[id.get<int32_t>()] = token;
+    const int32_t i = id_of(t, id, "vocab entry " + token);
+    bpe.vocab[token] = i;
+    t.model_tokens[i] = token;
   }
   bpe.continuing_subword_prefix = m.value("continuing_subword_prefix", json()).is_string()
                                       ? m["continuing_subword_prefix"].get<std::string>() : "";
@@ -808,11 +814,11 @@ void load_added_tokens(TokenizerImpl& t, const json& list) {
   if (!list.is_array()) t.fail("\"added_tokens\" is not an array");
   t.added.reserve(list.size());  // pointers into `added` are kept by the maps below
   for (const json& a : list) {
-    AddedToken tok{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),
-                   a.value("single_word", false), a.value("lstrip", false), a.value("rstrip", false),
-                   a.value("normalized", !a.value("special", false))};
-    if (tok.id < 0) t.fail("added token " + tok.content + " has a negative id");
-    t.added.push_back(std::move(tok));
+    const std::string content = a.at("content").get<std::string>();
+    const bool special = a.value("special", false);
+    t.added.push_back({content, id_of(t, a.at("id"), "added token " + content), special,
+                       a.value("single_word", false), a.value("lstrip", false), a.value("rstrip", false),
+                       a.value("normalized", !special)});
   }
   for (const AddedToken& tok : t.added) {
     t.added_by_text[tok.content] = tok.id;

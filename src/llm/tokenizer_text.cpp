@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "core/error.h"
+
 namespace gpulab::llm::detail {
 
 Utf8Step utf8_step(std::string_view s, size_t i) {
@@ -162,7 +164,7 @@ std::vector<Range> Regex::find_all(std::string_view subject) const {
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      throw std::runtime_error(std::string("regex match failed: ") + reinterpret_cast<const char*>(message));
+      throw core::Error(std::string("tokenizer regex match failed: ") + reinterpret_cast<const char*>(message));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     const size_t begin = ov[0], end = ov[1];

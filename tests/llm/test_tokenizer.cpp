@@ -325,4 +325,33 @@ TEST_F(TokenizerFile, MetaspaceRoundTrips) {
   EXPECT_EQ(tok.encode("a</s>a"), concat({tok.encode("a"), {2}, {*tok.token_id("a")}}));
 }
 
+// lstrip / rstrip / single_word on added tokens (RoBERTa's <mask> uses lstrip).
+TEST_F(TokenizerFile, AddedTokenOptions) {
+  json j = read_json(kData / "tokenizer_bytelevel" / "tokenizer.json");
+  const Tokenizer base = Tokenizer::from_file(kData / "tokenizer_bytelevel");
+  const auto add = [&](const std::string& content, int id, bool lstrip, bool rstrip, bool single_word) {
+    j["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", single_word}, {"lstrip", lstrip},
+                                 {"rstrip", rstrip}, {"normalized", false}, {"special", false}});
+  };
+  add("<mask>", 1024, true, false, false);
+  add("<pad>", 1025, false, true, false);
+  add("cat", 1026, false, false, true);
+  const Tokenizer tok = Tokenizer::from_file(write(j));
+  EXPECT_EQ(tok.vocab_size(), 1027);
+  // lstrip: the spaces before <mask> belong to it.
+  EXPECT_EQ(tok.encode("Hello  <mask>!"), concat({base.encode("Hello"), {1024}, base.encode("!")}));
+  // rstrip: the spaces after <pad> belong to it.
+  EXPECT_EQ(tok.encode("a <pad> \t b"), concat({base.encode("a "), {1025}, base.encode("b")}));
+  // single_word: only where no word character touches it.
+  EXPECT_EQ(tok.encode("a cat."), concat({base.encode("a "), {1026}, base.encode(".")}));
+  EXPECT_EQ(tok.encode("concatenate"), base.encode("concatenate"));
+  EXPECT_EQ(tok.encode("cats"), base.encode("cats"));
+  // Longest match first: "<mask>" wins over a shorter token that starts the same way.
+  add("<ma", 1027, false, false, false);
+  const Tokenizer longest = Tokenizer::from_file(write(j));
+  EXPECT_EQ(longest.encode("<mask><ma"), (std::vector<int32_t>{1024, 1027}));
+  EXPECT_FALSE(longest.is_special(1024));
+  EXPECT_EQ(longest.decode(std::vector<int32_t>{1024, 1027}, true), "<mask><ma");
+}
+
 }  // namespace
