@@ -56,71 +56,6 @@ void split_pieces(Pieces& pieces, Split&& split) {
   pieces = std::move(out);
 }
 
-enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
-
-struct Segment {
-  size_t begin, end;
-  bool is_match;
-};
-
-// The whole text cut into matches and the gaps between them (Pattern::find_matches).
-std::vector<Segment> segments(std::string_view text, const std::vector<Range>& matches, bool invert) {
-  if (text.empty()) return {{0, 0, false}};
-  std::vector<Segment> out;
-  size_t prev = 0;
-  for (const auto& [b, e] : matches) {
-    if (prev != b) out.push_back({prev, b, invert});
-    out.push_back({b, e, !invert});
-    prev = e;
-  }
-  if (prev != text.size()) out.push_back({prev, text.size(), invert});
-  return out;
-}
-
-// NormalizedString::split: which ranges survive for each delimiter behaviour.
-std::vector<Range> apply_behavior(const std::vector<Segment>& segs, SplitBehavior behavior) {
-  std::vector<Range> out;
-  bool previous_match = false;
-  switch (behavior) {
-    case SplitBehavior::kIsolated:
-      for (const Segment& s : segs) out.emplace_back(s.begin, s.end);
-      break;
-    case SplitBehavior::kRemoved:
-      for (const Segment& s : segs)
-        if (!s.is_match) out.emplace_back(s.begin, s.end);
-      break;
-    case SplitBehavior::kContiguous:
-      for (const Segment& s : segs) {
-        if (s.is_match == previous_match && !out.empty())
-          out.back().second = s.end;
-        else
-          out.emplace_back(s.begin, s.end);
-        previous_match = s.is_match;
-      }
-      break;
-    case SplitBehavior::kMergedWithPrevious:
-      for (const Segment& s : segs) {
-        if (s.is_match && !previous_match && !out.empty())
-          out.back().second = s.end;
-        else
-          out.emplace_back(s.begin, s.end);
-        previous_match = s.is_match;
-      }
-      break;
-    case SplitBehavior::kMergedWithNext:
-      for (auto it = segs.rbegin(); it != segs.rend(); ++it) {
-        if (it->is_match && !previous_match && !out.empty())
-          out.back().first = it->begin;
-        else
-          out.emplace_back(it->begin, it->end);
-        previous_match = it->is_match;
-      }
-      std::reverse(out.begin(), out.end());
-      break;
-  }
-  return out;
-}
-
 std::vector<Range> find_literal(std::string_view text, std::string_view needle) {
   std::vector<Range> out;
   for (size_t pos = text.find(needle); pos != std::string_view::npos; pos = text.find(needle, pos + needle.size()))
@@ -553,7 +488,7 @@ void add_pre_tokenizer(TokenizerImpl& t, const json& j) {
     const SplitBehavior behavior = behavior_of(t, j.at("behavior").get<std::string>());
     const bool invert = j.value("invert", false);
     t.pre_tokenizers.push_back([find, behavior, invert](Pieces& pieces) {
-      split_pieces(pieces, [&](Piece& p) { return apply_behavior(segments(p.text, find(p.text), invert), behavior); });
+      split_pieces(pieces, [&](Piece& p) { return split_ranges(p.text, find(p.text), behavior, invert); });
     });
   } else if (type == "ByteLevel") {
     const bool add_prefix_space = j.value("add_prefix_space", true);
@@ -563,7 +498,7 @@ void add_pre_tokenizer(TokenizerImpl& t, const json& j) {
       split_pieces(pieces, [&](Piece& p) -> std::vector<Range> {
         if (add_prefix_space && !p.text.starts_with(' ')) p.text.insert(0, " ");
         if (!re) return {{0, p.text.size()}};
-        return apply_behavior(segments(p.text, re->find_all(p.text), false), SplitBehavior::kIsolated);
+        return split_ranges(p.text, re->find_all(p.text), SplitBehavior::kIsolated);
       });
       const auto& table = byte_to_char();
       for (Piece& p : pieces) {
@@ -585,7 +520,7 @@ void add_pre_tokenizer(TokenizerImpl& t, const json& j) {
         const bool prepend = scheme == PrependScheme::kAlways || (scheme == PrependScheme::kFirst && p.at_start);
         if (prepend && !p.text.starts_with(rep)) p.text.insert(0, rep);
         if (!split) return {{0, p.text.size()}};
-        return apply_behavior(segments(p.text, find_literal(p.text, rep), false), SplitBehavior::kMergedWithNext);
+        return split_ranges(p.text, find_literal(p.text, rep), SplitBehavior::kMergedWithNext);
       });
     });
   } else {

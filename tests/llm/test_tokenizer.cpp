@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "llm/tokenizer.h"
+#include "llm/tokenizer_text.h"
 
 using gpulab::core::InputError;
 using gpulab::llm::Tokenizer;
@@ -325,6 +326,27 @@ TEST_F(TokenizerFile, MetaspaceRoundTrips) {
   EXPECT_EQ(tok.encode("a</s>a"), concat({tok.encode("a"), {2}, {*tok.token_id("a")}}));
 }
 
+// Strip and regex Replace normalizers, and a Split pre-tokenizer that removes its delimiters.
+TEST_F(TokenizerFile, NormalizersAndRemovedSplit) {
+  json j = read_json(kData / "tokenizer_bytelevel" / "tokenizer.json");
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  const Tokenizer whole = Tokenizer::from_file(write(j));  // no splitting at all
+  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [
+      {"type": "Strip", "strip_left": true, "strip_right": true},
+      {"type": "Replace", "pattern": {"Regex": "[0-9]+"}, "content": "#"}]})");
+  const Tokenizer normalizing = Tokenizer::from_file(write(j));
+  EXPECT_EQ(normalizing.encode(" \t abc 123 def45\u3000\n"), whole.encode("abc # def#"));
+  EXPECT_EQ(normalizing.encode(" \t "), std::vector<int32_t>{});
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]})");
+  const Tokenizer splitting = Tokenizer::from_file(write(j));
+  EXPECT_EQ(splitting.encode("Hello  world trains"),
+            concat({whole.encode("Hello"), whole.encode("world"), whole.encode("trains")}));
+  EXPECT_NE(whole.encode("Hello world"), concat({whole.encode("Hello"), whole.encode("world")}));
+}
+
 // lstrip / rstrip / single_word on added tokens (RoBERTa's <mask> uses lstrip).
 TEST_F(TokenizerFile, AddedTokenOptions) {
   json j = read_json(kData / "tokenizer_bytelevel" / "tokenizer.json");
@@ -352,6 +374,51 @@ TEST_F(TokenizerFile, AddedTokenOptions) {
   EXPECT_EQ(longest.encode("<mask><ma"), (std::vector<int32_t>{1024, 1027}));
   EXPECT_FALSE(longest.is_special(1024));
   EXPECT_EQ(longest.decode(std::vector<int32_t>{1024, 1027}, true), "<mask><ma");
+}
+
+// The delimiter behaviours, on the example of the `tokenizers` documentation.
+TEST(TokenizerText, SplitBehaviors) {
+  using namespace gpulab::llm::detail;
+  const std::string text = "the-final--countdown";
+  std::vector<Range> dashes;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] == '-') dashes.emplace_back(i, i + 1);
+  const auto pieces = [&](SplitBehavior b, bool invert = false) {
+    std::vector<std::string> out;
+    for (const auto& [s, e] : split_ranges(text, dashes, b, invert)) out.push_back(text.substr(s, e - s));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces(SplitBehavior::kRemoved), (V{"the", "final", "countdown"}));
+  EXPECT_EQ(pieces(SplitBehavior::kIsolated), (V{"the", "-", "final", "-", "-", "countdown"}));
+  EXPECT_EQ(pieces(SplitBehavior::kMergedWithPrevious), (V{"the-", "final-", "-", "countdown"}));
+  EXPECT_EQ(pieces(SplitBehavior::kMergedWithNext), (V{"the", "-final", "-", "-countdown"}));
+  EXPECT_EQ(pieces(SplitBehavior::kContiguous), (V{"the", "-", "final", "--", "countdown"}));
+  // Inverted: the dashes are the content, the words the delimiters.
+  EXPECT_EQ(pieces(SplitBehavior::kRemoved, true), (V{"-", "-", "-"}));
+  EXPECT_EQ(pieces(SplitBehavior::kMergedWithNext, true), (V{"the-", "final-", "-", "countdown"}));
+}
+
+// Invalid UTF-8 becomes U+FFFD per maximal invalid run, as Rust's from_utf8_lossy does.
+TEST(TokenizerText, LossyUtf8MatchesRust) {
+  using gpulab::llm::detail::utf8_lossy;
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(utf8_lossy("Hello \xF0\x90\x80World"), "Hello " + r + "World");
+  EXPECT_EQ(utf8_lossy("\xE0\x80"), r + r);          // E0 needs A0..BF next
+  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), r + r + r);  // a surrogate
+  EXPECT_EQ(utf8_lossy("\xF4\x90\x80\x80"), r + r + r + r);  // above U+10FFFF
+  EXPECT_EQ(utf8_lossy("a\xC3"), "a" + r);
+  EXPECT_EQ(utf8_lossy("\xC3\xA9\xF0\x9F\x9A\x80"), "\xC3\xA9\xF0\x9F\x9A\x80");
+}
+
+// Empty matches follow Oniguruma's find_iter: none right after the previous match.
+TEST(TokenizerText, RegexEmptyMatches) {
+  using namespace gpulab::llm::detail;
+  EXPECT_EQ(Regex("a*").find_all("baac"), (std::vector<Range>{{0, 0}, {1, 3}, {4, 4}}));
+  EXPECT_EQ(Regex("\\p{L}+").find_all("ab 12 \xC3\xA9t\xC3\xA9"), (std::vector<Range>{{0, 2}, {6, 11}}));
+  // An invalid byte matches nothing, not even [^x].
+  EXPECT_EQ(Regex("[^x]+").find_all("ab\xFF" "cd"), (std::vector<Range>{{0, 2}, {3, 5}}));
+  EXPECT_THROW(Regex("(unclosed"), std::invalid_argument);
 }
 
 }  // namespace
