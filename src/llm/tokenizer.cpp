@@ -240,6 +240,7 @@ struct AddedToken {
   std::string content;
   int32_t id;
   bool special, single_word, lstrip, rstrip, normalized;
+  std::string text;  // what decode shows: `tokenizers` gives a normalized token in its normalized form
 };
 
 class AddedTokenMatcher {
@@ -319,7 +320,7 @@ class AddedTokenMatcher {
     return {nullptr, 0, 0};
   }
 
-  // Whether the text ends (at_end) or starts with a word character (regex \w).
+  // Whether the text ends (at_end) or starts with a word character.
   static bool is_word_char(std::string_view text, bool at_end, const Regex& word_char) {
     if (text.empty()) return false;
     if (at_end) {
@@ -346,7 +347,8 @@ struct TokenizerImpl {
   std::unordered_map<int32_t, const AddedToken*> added_by_id;
   std::unordered_map<int32_t, std::string> model_tokens;  // id -> token text
   AddedTokenMatcher raw_matcher, normalized_matcher;
-  Regex word_char{"\\w"};
+  // Unicode \w as `tokenizers` (regex-syntax) has it for single_word; PCRE2's \w lacks marks.
+  Regex word_char{"[\\p{L}\\p{Nl}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]"};
   std::vector<Normalizer> normalizers;
   std::vector<PreTokenizer> pre_tokenizers;
   std::vector<Decoder> decoders;
@@ -750,21 +752,17 @@ void load_added_tokens(TokenizerImpl& t, const json& list) {
   t.added.reserve(list.size());  // pointers into `added` are kept by the maps below
   for (const json& a : list) {
     const std::string content = a.at("content").get<std::string>();
-    const bool special = a.value("special", false);
+    const bool special = a.value("special", false), normalized = a.value("normalized", !special);
+    std::string text = content;
+    if (normalized) t.normalize(text);
     t.added.push_back({content, id_of(t, a.at("id"), "added token " + content), special,
-                       a.value("single_word", false), a.value("lstrip", false), a.value("rstrip", false),
-                       a.value("normalized", !special)});
+                       a.value("single_word", false), a.value("lstrip", false), a.value("rstrip", false), normalized,
+                       std::move(text)});
   }
   for (const AddedToken& tok : t.added) {
     t.added_by_text[tok.content] = tok.id;
     t.added_by_id[tok.id] = &tok;
-    if (tok.normalized) {
-      std::string content = tok.content;
-      t.normalize(content);
-      t.normalized_matcher.add(content, &tok);
-    } else {
-      t.raw_matcher.add(tok.content, &tok);
-    }
+    (tok.normalized ? t.normalized_matcher : t.raw_matcher).add(tok.text, &tok);
   }
 }
 
@@ -795,7 +793,7 @@ std::string TokenizerImpl::decode(std::span<const int32_t> ids, bool skip_specia
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
     if (auto a = added_by_id.find(id); a != added_by_id.end()) {
-      if (!(skip_special && a->second->special)) tokens.push_back(a->second->content);
+      if (!(skip_special && a->second->special)) tokens.push_back(a->second->text);
     } else if (auto m = model_tokens.find(id); m != model_tokens.end()) {
       tokens.push_back(m->second);
     }
@@ -866,7 +864,7 @@ std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
 }
 
 std::string Tokenizer::token_text(int32_t id) const {
-  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) return it->second->content;
+  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) return it->second->text;
   if (auto it = impl_->model_tokens.find(id); it != impl_->model_tokens.end()) return it->second;
   throw core::InputError(impl_->file + ": no token has id " + std::to_string(id));
 }

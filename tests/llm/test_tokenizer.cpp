@@ -326,6 +326,20 @@ TEST_F(TokenizerFile, MetaspaceRoundTrips) {
   EXPECT_EQ(tok.encode("a</s>a"), concat({tok.encode("a"), {2}, {*tok.token_id("a")}}));
 }
 
+// A `normalized` added token is matched in the normalized text, and (as `tokenizers` does) is
+// shown in its normalized form: here the Prepend normalizer gives it a leading "▁".
+TEST_F(TokenizerFile, NormalizedAddedToken) {
+  json j = read_json(kData / "tokenizer_spm" / "tokenizer.json");
+  j["added_tokens"].push_back({{"id", 1024}, {"content", "don"}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", true}, {"special", false}});
+  const Tokenizer tok = Tokenizer::from_file(write(j));
+  EXPECT_EQ(tok.encode("a don"), (std::vector<int32_t>{354, 324, 1024}));
+  EXPECT_EQ(tok.encode("adon"), Tokenizer::from_file(kData / "tokenizer_spm").encode("adon"));
+  EXPECT_EQ(tok.token_id("don"), 1024);
+  EXPECT_EQ(tok.token_text(1024), "\xE2\x96\x81" "don");
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{354, 1024}), " don");
+}
+
 // Strip and regex Replace normalizers, and a Split pre-tokenizer that removes its delimiters.
 TEST_F(TokenizerFile, NormalizersAndRemovedSplit) {
   json j = read_json(kData / "tokenizer_bytelevel" / "tokenizer.json");
@@ -368,6 +382,10 @@ TEST_F(TokenizerFile, AddedTokenOptions) {
   EXPECT_EQ(tok.encode("a cat."), concat({base.encode("a "), {1026}, base.encode(".")}));
   EXPECT_EQ(tok.encode("concatenate"), base.encode("concatenate"));
   EXPECT_EQ(tok.encode("cats"), base.encode("cats"));
+  // Word characters are Unicode \w (marks, letter numbers, joiners included), as `tokenizers` has them.
+  EXPECT_EQ(tok.encode("\u0301cat"), base.encode("\u0301cat"));
+  EXPECT_EQ(tok.encode("\u216Bcat"), base.encode("\u216Bcat"));
+  EXPECT_EQ(tok.encode("\u00BDcat"), concat({base.encode("\u00BD"), {1026}}));
   // Longest match first: "<mask>" wins over a shorter token that starts the same way.
   add("<ma", 1027, false, false, false);
   const Tokenizer longest = Tokenizer::from_file(write(j));
