@@ -96,6 +96,7 @@ class BpeModel {
     }
   }
 
+  void reserve_merges(size_t n) { merges_.reserve(n); }
   void add_merge(int32_t left, int32_t right, int32_t rank, int32_t merged) {
     merges_[key(left, right)] = {rank, merged};  // a later duplicate wins, as in the HashMap collect
   }
@@ -702,6 +703,8 @@ void load_model(TokenizerImpl& t, const json& m) {
   if (type != "BPE") t.fail("unsupported model type " + (type.empty() ? std::string("(none)") : type) + " (gpulab supports BPE)");
   BpeModel& bpe = t.model;
   if (!m.contains("vocab") || !m["vocab"].is_object()) t.fail("model has no \"vocab\" object");
+  bpe.vocab.reserve(m["vocab"].size());
+  t.model_tokens.reserve(m["vocab"].size());
   for (const auto& [token, id] : m["vocab"].items()) {
     const int32_t i = id_of(t, id, "vocab entry " + token);
     bpe.vocab[token] = i;
@@ -722,8 +725,10 @@ void load_model(TokenizerImpl& t, const json& m) {
     if (it == bpe.vocab.end()) t.fail("unk_token " + unk + " is not in the vocabulary");
     bpe.unk_id = it->second;
   }
-  const json merges = m.value("merges", json::array());
+  static const json kNoMerges = json::array();
+  const json& merges = m.contains("merges") ? m["merges"] : kNoMerges;
   if (!merges.is_array()) t.fail("model \"merges\" is not an array");
+  bpe.reserve_merges(merges.size());
   const size_t prefix_len = bpe.continuing_subword_prefix.size();
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const json& mj = merges[rank];
