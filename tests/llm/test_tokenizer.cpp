@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "llm/tokenizer.h"
@@ -144,6 +145,28 @@ TEST_P(FixtureTest, RandomBytesNeverThrow) {
     for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < tok.vocab_size());
     ASSERT_NO_THROW(tok.decode(ids));
   }
+}
+
+// One tokenizer shared by threads (as the server does) gives each the same ids as alone.
+TEST_P(FixtureTest, ConcurrentEncodeIsConsistent) {
+  const Tokenizer tok = Tokenizer::from_file(kData / GetParam());
+  std::mt19937 rng(5);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 400; ++i) texts.push_back(random_text(rng, 30));
+  const Tokenizer alone = Tokenizer::from_file(kData / GetParam());  // its own cache
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& t : texts) expected.push_back(alone.encode(t));
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      for (size_t i = 0; i < texts.size(); ++i) {
+        const size_t k = (i * 7 + w * 101) % texts.size();
+        if (tok.encode(texts[k]) != expected[k]) ++wrong[w];
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(HuggingFace, FixtureTest, ::testing::Values("tokenizer_bytelevel", "tokenizer_spm"));
