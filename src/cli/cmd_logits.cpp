@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "llm/cpu_model.h"
+#include "llm/cuda_engine.h"
 #include "llm/weights.h"
 
 namespace gpulab::cli {
@@ -23,6 +24,7 @@ struct LogitsOptions {
   std::string device = "cpu";
   std::string out;
   int threads = 0;
+  double gpu_memory_fraction = 0.9;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -57,7 +59,13 @@ llm::WeightSource weight_source(const LogitsOptions& opt) {
 std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<int32_t>& ids) {
   const llm::WeightSource weights = weight_source(opt);
   if (opt.device == "cpu") return llm::CpuModel(weights, opt.threads).logits(ids);
-  throw core::InputError("--device cuda: the CUDA engine is not built yet in this version");
+  llm::EngineOptions engine;
+  engine.gpu_memory_fraction = opt.gpu_memory_fraction;
+  engine.max_batch = 1;
+  engine.max_seq_len = std::min<int64_t>(weights.config().max_position_embeddings,
+                                         std::max<int64_t>(static_cast<int64_t>(ids.size()), 16));
+  engine.cuda_graphs = false;
+  return llm::CudaEngine(weights, engine).logits(ids);
 }
 
 int run_logits(const LogitsOptions& opt) {
@@ -98,6 +106,10 @@ void add_logits_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   sub->add_option("--out", opt->out, "Write float32 tensor `logits` [tokens, vocab] to this .safetensors file");
   sub->add_option("--threads", opt->threads, "CPU threads (0: all)")->capture_default_str();
+  sub->add_option("--gpu-memory-fraction", opt->gpu_memory_fraction,
+                  "With --device cuda: share of GPU memory for weights, buffers and KV cache")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
   sub->footer("Example:\n  gpulab logits --model ~/models/Llama-3.2-1B --ids 128000,9906,1917 --out logits.safetensors");
   sub->callback([&run, opt] { run = [opt] { return run_logits(*opt); }; });
 }
