@@ -64,6 +64,7 @@ std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<in
   engine.max_batch = 1;
   engine.max_seq_len = std::min<int64_t>(weights.config().max_position_embeddings,
                                          std::max<int64_t>(static_cast<int64_t>(ids.size()), 16));
+  engine.max_kv_tokens = engine.max_seq_len;
   engine.cuda_graphs = false;
   return llm::CudaEngine(weights, engine).logits(ids);
 }

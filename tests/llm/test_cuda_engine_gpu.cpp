@@ -39,11 +39,17 @@ Agreement compare_logits(const std::vector<float>& got, const std::vector<float>
   return {std::sqrt(num / den), double(agree) / rows};
 }
 
+// Engines in these tests keep a modest KV pool, so several can live at once.
+EngineOptions modest(EngineOptions opt = {}) {
+  if (opt.max_kv_tokens == 0) opt.max_kv_tokens = 1 << 16;
+  return opt;
+}
+
 class CudaEngineFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaEngineFixture, LogitsMatchTransformersFp32) {
   GPULAB_REQUIRE_GPU();
-  CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir(GetParam())));
+  CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir(GetParam())), modest());
   const auto cases = testing::load_fixture_cases(GetParam());
   int64_t rows = 0, agree_rows = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -81,7 +87,7 @@ std::vector<std::vector<int32_t>> one_at_a_time(CudaEngine& engine, const std::v
 
 TEST(CudaEngine, BatchedGreedyEqualsEachAlone) {
   GPULAB_REQUIRE_GPU();
-  CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny")));
+  CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny")), modest());
   const auto reqs = sixteen_requests(24);
   const auto batched = engine.generate_greedy(reqs);
   const auto alone = one_at_a_time(engine, reqs);
@@ -104,7 +110,7 @@ TEST(CudaEngine, ContinuousBatchingInASmallPoolAndWithoutGraphs) {
   GPULAB_REQUIRE_GPU();
   const auto source = WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny"));
   const auto reqs = sixteen_requests(20);
-  CudaEngine reference(source);
+  CudaEngine reference(source, modest());
   const auto alone = one_at_a_time(reference, reqs);
   // A pool of 320 tokens and 3 batch slots: requests wait for pages and slots, and start
   // while others are decoding.
@@ -117,7 +123,7 @@ TEST(CudaEngine, ContinuousBatchingInASmallPoolAndWithoutGraphs) {
   EXPECT_EQ(constrained.generate_greedy(reqs), alone);
   EngineOptions eager;
   eager.cuda_graphs = false;
-  CudaEngine no_graphs(source, eager);
+  CudaEngine no_graphs(source, modest(eager));
   EXPECT_EQ(no_graphs.generate_greedy(reqs), alone);
 }
 
@@ -156,7 +162,7 @@ TEST(CudaEngine, StopsAtAnyEosOfTheList) {
   const auto cases = testing::load_fixture_cases("llama_tiny");
   std::vector<int32_t> full;
   {
-    CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny")));
+    CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny")), modest());
     full = engine.generate_greedy({{cases[0].ids, 24}})[0];
   }
   // The same model with the 6th generated token declared an eos (second of a list).
@@ -166,7 +172,7 @@ TEST(CudaEngine, StopsAtAnyEosOfTheList) {
   for (const char* f : {"config.json", "model.safetensors"})
     fs::copy_file(testing::fixture_dir("llama_tiny") / f, dir / f, fs::copy_options::overwrite_existing);
   std::ofstream(dir / "generation_config.json") << "{\"eos_token_id\": [1023, " << full[5] << "]}";
-  CudaEngine engine(WeightSource::from_checkpoint(dir));
+  CudaEngine engine(WeightSource::from_checkpoint(dir), modest());
   fs::remove_all(dir);
   const auto stopped = engine.generate_greedy({{cases[0].ids, 24, true}})[0];
   const size_t first = std::find(full.begin(), full.end(), full[5]) - full.begin();
@@ -179,7 +185,7 @@ TEST(CudaEngine, RandomWeightsFilledOnTheDeviceMatchTheHostFill) {
   LlamaConfig cfg = read_model_config(testing::fixture_dir("llama_tiny"));
   cfg.qkv_bias = true;  // also covers the bias path
   const auto source = WeightSource::random(cfg, 3);
-  CudaEngine engine(source);
+  CudaEngine engine(source, modest());
   const CpuModel cpu(source);
   const std::vector<int32_t> ids = {1, 50, 900, 3, 3, 3, 77};
   const Agreement a = compare_logits(engine.logits(ids), cpu.logits(ids), cfg.vocab_size);
