@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "llm/cpu_model.h"
+#include "llm/cuda_engine.h"
 #include "llm/weights.h"
 
 namespace gpulab::cli {
@@ -46,7 +47,14 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<int32_t>& ids) {
   const llm::WeightSource weights = load_weights(opt.model);
   if (opt.model.engine.device == "cpu") return llm::CpuModel(weights, opt.model.engine.threads).logits(ids);
-  throw core::InputError("--device cuda: the CUDA engine is not built yet in this version");
+  // One sequence, as long as the prompt: size the KV pool to it, no graphs for a single step.
+  llm::EngineOptions cuda = opt.model.engine.cuda;
+  cuda.max_batch = 1;
+  cuda.max_seq_len = std::min<int64_t>(weights.config().max_position_embeddings,
+                                       std::max<int64_t>(static_cast<int64_t>(ids.size()), 16));
+  cuda.max_kv_tokens = cuda.max_seq_len;
+  cuda.cuda_graphs = false;
+  return llm::CudaEngine(weights, cuda).logits(ids);
 }
 
 int run_logits(const LogitsOptions& opt) {

@@ -20,7 +20,6 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string served_name;
-  int64_t max_batch = 64;
   int64_t prefill_chunk = 512;
 };
 
@@ -36,7 +35,7 @@ int run_serve(const ServeOptions& opt) {
   const llm::Tokenizer tokenizer = load_tokenizer(opt.model);
   const llm::WeightSource weights = load_weights(opt.model);
   auto engine = llm::make_engine(weights, opt.model.engine);
-  llm::Scheduler scheduler(*engine, tokenizer, {opt.max_batch, opt.prefill_chunk});
+  llm::Scheduler scheduler(*engine, tokenizer, {opt.model.engine.cuda.max_batch, opt.prefill_chunk});
   scheduler.start();
 
   llm::ServerOptions server_options;
@@ -70,7 +69,6 @@ void add_serve_command(CLI::App& app, Runner& run) {
   sub->add_option("--host", opt->host, "IPv4 address to listen on")->capture_default_str();
   sub->add_option("--port", opt->port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   sub->add_option("--served-model-name", opt->served_name, "Model name clients use (default: the model folder's name)");
-  sub->add_option("--max-batch", opt->max_batch, "Most requests per engine step")->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--prefill-chunk", opt->prefill_chunk, "Prompt tokens a request feeds per step")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

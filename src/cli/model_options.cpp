@@ -12,7 +12,7 @@ void add_model_options(CLI::App& sub, ModelOptions& opt) {
   sub.add_option("--device", opt.engine.device, "Where to run: cpu (float32 reference) or cuda (bf16 engine)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  sub.add_option("--gpu-memory-fraction", opt.engine.gpu_memory_fraction,
+  sub.add_option("--gpu-memory-fraction", opt.engine.cuda.gpu_memory_fraction,
                  "Share of free GPU memory for weights, buffers and the KV cache")
       ->check(CLI::Range(0.05, 0.99))
       ->capture_default_str();
@@ -20,6 +20,9 @@ void add_model_options(CLI::App& sub, ModelOptions& opt) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub.add_option("--threads", opt.engine.threads, "CPU threads (0: all)")->capture_default_str();
+  sub.add_option("--max-batch", opt.engine.cuda.max_batch, "Most sequences in one engine step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 }
 
 llm::WeightSource load_weights(const ModelOptions& opt) {

@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "llm/engine.h"
+#include "llm/make_engine.h"
 #include "llm/tokenizer.h"
 #include "llm/weights.h"
 
@@ -15,7 +15,7 @@ struct ModelOptions {
   std::string config;  // with dummy_weights: config.json or built-in shape
   bool dummy_weights = false;
   std::string tokenizer;  // tokenizer.json or folder; default: the model folder
-  llm::EngineOptions engine;
+  llm::EngineSpec engine;
 };
 
 void add_model_options(CLI::App& sub, ModelOptions& opt);

@@ -82,12 +82,3 @@ std::unique_ptr<Engine> make_cpu_engine(const WeightSource& weights, int64_t kv_
 
 }  // namespace gpulab::llm
 
-namespace gpulab::llm {
-
-std::unique_ptr<Engine> make_engine(const WeightSource& weights, const EngineOptions& options) {
-  if (options.device == "cpu") return make_cpu_engine(weights, options.cpu_kv_tokens, options.threads);
-  if (options.device == "cuda") throw core::InputError("--device cuda: the CUDA engine is not built yet in this version");
-  throw core::InputError("unknown device \"" + options.device + "\" (use cpu or cuda)");
-}
-
-}  // namespace gpulab::llm

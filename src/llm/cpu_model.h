@@ -37,13 +37,13 @@ class CpuModel {
 
  private:
   struct Layer {
-    std::vector<float> attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, mlp_norm, w_gate, w_up, w_down;
+    std::vector<float> attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, mlp_norm;
+    std::vector<float> w_gate_up;  // gate rows then up rows [2 · intermediate, hidden]
+    std::vector<float> w_down;
   };
   // out[T, n] = x[T, k] · w[n, k]ᵀ (+ bias[n] when given).
   void linear(const float* x, int64_t tokens, const std::vector<float>& w, const std::vector<float>& bias,
               int64_t n, int64_t k, float* out) const;
-  void rmsnorm(const float* x, int64_t tokens, const std::vector<float>& w, float* out) const;
-  void rope(float* x, int64_t tokens, int64_t heads, int64_t first_pos) const;
 
   LlamaConfig config_;
   int threads_;
@@ -51,8 +51,5 @@ class CpuModel {
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
 };
-
-// Index of the largest of `values` (the first one on ties).
-int32_t argmax(std::span<const float> values);
 
 }  // namespace gpulab::llm

@@ -44,15 +44,5 @@ class Engine {
 std::unique_ptr<Engine> make_cpu_engine(const WeightSource& weights, int64_t kv_capacity_tokens,
                                         int threads = 0);
 
-struct EngineOptions {
-  std::string device = "cpu";        // "cpu" or "cuda"
-  int64_t cpu_kv_tokens = 16384;     // the CPU engine's KV room
-  double gpu_memory_fraction = 0.9;  // of free device memory for weights, buffers and KV pool
-  int64_t max_batch = 64;
-  int threads = 0;                   // CPU threads, 0: all
-};
-
-// The engine for `options.device`; throws core::InputError for an unknown or unbuilt device.
-std::unique_ptr<Engine> make_engine(const WeightSource& weights, const EngineOptions& options);
 
 }  // namespace gpulab::llm

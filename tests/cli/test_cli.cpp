@@ -237,4 +237,33 @@ TEST(Cli, ServeFinishesInFlightRequestOnSigterm) {
   ::waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
+TEST(Cli, LogitsCudaNearTheFixture) {
+  GPULAB_REQUIRE_GPU();
+  std::ifstream in(kData + "/llama_tiny/expected.json");
+  const auto c = nlohmann::json::parse(in)["cases"][1];
+  std::string ids;
+  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const fs::path out = fs::temp_directory_path() / ("gpulab_cli_logits_cuda_" + std::to_string(::getpid()) + ".safetensors");
+  const CliRun r = run("logits --device cuda --model " + kData + "/llama_tiny --ids " + ids + " --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const gpulab::core::SafetensorsFile got(out);
+  const gpulab::core::SafetensorsFile want(kData + "/llama_tiny/expected.safetensors");
+  const auto* g = got.find("logits");
+  const auto* w = want.find(c["logits"].get<std::string>());
+  ASSERT_TRUE(g && w);
+  ASSERT_EQ(g->shape, w->shape);
+  const auto* gv = reinterpret_cast<const float*>(got.data(*g).data());
+  const auto* wv = reinterpret_cast<const float*>(want.data(*w).data());
+  double num = 0, den = 0;
+  for (uint64_t i = 0; i < g->numel(); ++i) {
+    num += double(gv[i] - wv[i]) * (gv[i] - wv[i]);
+    den += double(wv[i]) * wv[i];
+  }
+  EXPECT_LE(std::sqrt(num / den), 2e-2);
+  fs::remove(out);
+}
+
+TEST(Cli, LogitsCudaWithoutDeviceExits3) {
+  if (gpulab::core::why_no_device().empty()) GTEST_SKIP() << "a CUDA device is visible";
+  EXPECT_EQ(run("logits --device cuda --model " + kData + "/llama_tiny --ids 1,2").exit_code, 3);
 }
