@@ -46,8 +46,10 @@ std::vector<Variant> variants() {
   };
 }
 
-// fp8 through cuBLASLt wants B stored n×k; everything else takes B as k×n.
-bool b_transposed(const Variant& v) { return v.library && v.input == DType::f8e4m3; }
+// fp8 through cuBLASLt and the wgmma step want B stored n×k; everything else takes B as k×n.
+bool b_transposed(const Variant& v) {
+  return v.library ? v.input == DType::f8e4m3 : kernels::gemm_step_b_transposed(v.step);
+}
 
 }  // namespace
 

@@ -45,7 +45,11 @@ void check_case(const Case& c) {
   for (auto& v : b) v = float(small(rng));
   gemm_reference(a.data(), b.data(), ref.data(), c.m, c.n, c.k);
 
-  const auto ha = encode(a, c.input), hb = encode(b, c.input);
+  std::vector<float> b_stored = b;
+  if (gemm_step_b_transposed(c.step))
+    for (int p = 0; p < c.k; ++p)
+      for (int j = 0; j < c.n; ++j) b_stored[size_t(j) * c.k + p] = b[size_t(p) * c.n + j];
+  const auto ha = encode(a, c.input), hb = encode(b_stored, c.input);
   core::DeviceBuffer<> da(ha.size()), db(hb.size());
   core::DeviceBuffer<float> dc(ref.size());
   core::Stream stream;
