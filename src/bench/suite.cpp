@@ -61,8 +61,6 @@ int run_bench(const std::vector<std::string>& names, const Options& options, std
   if (options.device < 0 || options.device >= count)
     throw core::InputError("--device " + std::to_string(options.device) + " does not exist (" +
                            std::to_string(count) + " visible)");
-  // NVLink SHARP multicast stays off: these machines must not create multicast objects.
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
   GPULAB_CHECK(cudaSetDevice(options.device));
   auto device = core::query_device(options.device);
   Context ctx(options, device, load_datasheet(device.name), out);

@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -57,6 +58,9 @@ void run_nccl_suite(Context& ctx) {
   std::erase_if(sizes, [&](size_t s) { return s > cap; });
   const int samples = ctx.quick() ? 5 : 10;
 
+  // NVLink SHARP multicast stays off (unless the user set it): these machines must not create
+  // multicast objects.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
   std::vector<ncclComm_t> comms(ranks);
   std::vector<int> devs(ranks);
   for (int d = 0; d < ranks; ++d) devs[d] = d;

@@ -68,7 +68,11 @@ __device__ inline uint64_t smem_descriptor(const void* p) {
 
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed wgmma groups are still running.
+template <int N>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Pins the accumulators in place around the asynchronous MMAs, so the compiler neither reads them
 // before wgmma.wait_group nor moves them while the tensor cores own them.
 __device__ inline void fence_operands(float (&d)[128]) {
@@ -163,10 +167,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBk / 16; ++kk)  // k16 steps advance 32 bytes inside the swizzled row
         wgmma_m64n256k16(acc, smem_descriptor(a + kk * 32), smem_descriptor(b + kk * 32));
       wgmma_commit();
-      wgmma_wait_all();
+      // One group stays in flight while the next stage is awaited; the one before it is done,
+      // so its stage goes back to the producer.
+      wgmma_wait<1>();
       fence_operands(acc);
-      mbar_arrive(&empty[s]);
+      if (kt > 0) mbar_arrive(&empty[(kt - 1) % kStages]);
     }
+    wgmma_wait<0>();
+    fence_operands(acc);
     // Accumulator fragment: warp w of the warpgroup holds rows 16w..16w+15; per 8-column chunk j,
     // acc[4j], acc[4j+1] at (lane/4, 2·(lane%4)) and acc[4j+2], acc[4j+3] eight rows below.
     const int warp = t / 32, lane = t % 32;
