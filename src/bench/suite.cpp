@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/nvml.h"
 
 namespace gpulab::bench {
 
@@ -17,6 +18,13 @@ std::optional<double> Context::ceiling(const std::string& key) const {
   const auto it = ceilings_.find(key);
   if (it == ceilings_.end()) return std::nullopt;
   return it->second;
+}
+
+void Context::add(Row row) {
+  auto& nvml = core::Nvml::get();
+  if (auto sm = nvml.sm_clock_mhz(device_.pci_bus_id)) row.result.params["sm_clock_mhz"] = *sm;
+  if (auto mem = nvml.mem_clock_mhz(device_.pci_bus_id)) row.result.params["mem_clock_mhz"] = *mem;
+  rows_.push_back(std::move(row));
 }
 
 void Context::finish(const std::string& title) {

@@ -38,7 +38,9 @@ class Context {
   std::optional<double> ceiling(const std::string& key) const;
 
   // A suite adds rows and notes, then finish() prints its table and logs its results.
-  void add(Row row) { rows_.push_back(std::move(row)); }
+  // Adds a row, stamping the SM and memory clocks of the moment (clocks move under load; the
+  // run's GPU stamp holds only those at the start).
+  void add(Row row);
   void note(std::string text) { notes_.push_back(std::move(text)); }
   void finish(const std::string& title);
 
