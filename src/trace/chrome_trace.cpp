@@ -165,7 +165,7 @@ Trace parse_chrome_trace(const json& doc, const std::string& source) {
     }
   }
 
-  std::map<std::pair<int64_t, int64_t>, NvmlSample> samples;  // (device, time)
+  std::map<std::pair<int64_t, int64_t>, NvmlSample> samples;  // (time, device)
   for (size_t i = 0; i < events->size(); ++i) {
     const json& e = (*events)[i];
     if (!e.is_object()) throw core::InputError(source + ": trace event " + std::to_string(i) + " is not an object");
@@ -174,7 +174,7 @@ Trace parse_chrome_trace(const json& doc, const std::string& source) {
     const std::string cat = e.contains("cat") && e["cat"].is_string() ? lower(e["cat"].get<std::string>()) : "";
     if (ph == "C" && cat == "gpulab_nvml") {
       const int64_t ts = r.time_ns("ts") + base;
-      NvmlSample& s = samples[{r.top_int("pid", 0), ts}];
+      NvmlSample& s = samples[{ts, r.top_int("pid", 0)}];
       s.time_ns = ts;
       s.device = int(r.top_int("pid", 0));
       const std::string name = r.name();
