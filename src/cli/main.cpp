@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   cli::add_planned_command(app, run, "serve", "OpenAI-compatible HTTP server with streaming");
   cli::add_planned_command(app, run, "tokenize", "Encode/decode text with a tokenizer.json");
   cli::add_planned_command(app, run, "logits", "Print or save a model's logits for a prompt");
-  cli::add_planned_command(app, run, "diagnose", "Trace a CUDA program and say why it under-uses the GPU");
+  cli::add_diagnose_command(app, run);
 
   try {
     app.parse(argc, argv);
