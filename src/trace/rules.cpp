@@ -173,6 +173,7 @@ class Analyzer {
   const ApiCall* top_level_call(const ApiCall* call) const;
   const ApiCall* previous_call(const ApiCall* top) const;
   bool um_host_activity(const Interval& window) const;
+  int64_t api_time(int64_t thread, const Interval& w) const;
   void attribute_gaps();
   void add_finding(const std::string& rule, double lost_ns, std::string summary, json evidence);
   json range_ms(const Interval& i) const {
@@ -259,6 +260,19 @@ const ApiCall* Analyzer::previous_call(const ApiCall* top) const {
   return pos == calls.begin() ? nullptr : *std::prev(pos);
 }
 
+// Time a thread spent inside CUDA API calls during `w`.
+int64_t Analyzer::api_time(int64_t thread, const Interval& w) const {
+  const auto it = top_calls_.find(thread);
+  if (it == top_calls_.end()) return 0;
+  const auto& calls = it->second;
+  auto pos = std::lower_bound(calls.begin(), calls.end(), w.start,
+                              [](const ApiCall* c, int64_t t) { return c->end_ns <= t; });
+  int64_t total = 0;
+  for (; pos != calls.end() && (*pos)->start_ns < w.end; ++pos)
+    total += std::max<int64_t>(0, std::min((*pos)->end_ns, w.end) - std::max((*pos)->start_ns, w.start));
+  return total;
+}
+
 bool Analyzer::um_host_activity(const Interval& w) const {
   auto it = std::lower_bound(um_host_times_.begin(), um_host_times_.end(), w.start);
   return it != um_host_times_.end() && *it < w.end;
@@ -281,18 +295,17 @@ void Analyzer::attribute_gaps() {
     const auto launch_tail = [&](int64_t from) {
       if (next_short && g.end - from <= max_gap) attributed_.push_back({{from, g.end}, "launch_bound"});
     };
-    const int64_t host_begin = std::max(g.start, prev ? prev->end_ns : g.start);
-    if (launch->start_ns > g.start && launch->start_ns - host_begin >= min_host) {
-      // The host was doing its own work while the GPU had nothing queued.
-      const Interval window{host_begin, std::min(launch->start_ns, g.end)};
-      attributed_.push_back({window, um_pingpong_ && um_host_activity(window) ? "um_thrashing" : "host_starved"});
-      if (blocked_here && host_begin > g.start) attributed_.push_back({{g.start, host_begin}, blocking_rule(blocked)});
-      if (launch->start_ns < g.end) launch_tail(launch->start_ns);
-    } else if (blocked_here) {
-      attributed_.push_back({{g.start, g.end}, blocking_rule(blocked)});
-    } else {
-      launch_tail(g.start);
+    if (launch->start_ns > g.start) {
+      // The launch came after the GPU ran dry: was the host busy with its own work meanwhile?
+      const Interval window{g.start, std::min(launch->start_ns, g.end)};
+      if (window.length() - api_time(launch->thread, window) >= min_host) {
+        attributed_.push_back({window, um_pingpong_ && um_host_activity(window) ? "um_thrashing" : "host_starved"});
+        if (launch->start_ns < g.end) launch_tail(launch->start_ns);
+        continue;
+      }
     }
+    if (blocked_here) attributed_.push_back({{g.start, g.end}, blocking_rule(blocked)});
+    else launch_tail(g.start);
   }
 }
 

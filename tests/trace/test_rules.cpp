@@ -65,11 +65,13 @@ TEST(Rules, LaunchBoundNeedsShortKernelsAndEnoughOfThem) {
 }
 
 // Host preprocessing of 8 ms before each 2 ms kernel.
-Synthetic host_bound(bool queued_ahead) {
+Synthetic host_bound(bool queued_ahead, bool sync_before_launch = false) {
   Synthetic s;
   for (int i = 0; i < 50; ++i) {
     const double launch = queued_ahead ? i * 5.0 : i * 8003.0 + 8000;
     const double start = queued_ahead ? 10 + i * 8013.0 : launch + 10;
+    // A synchronize that returns at once: the GPU was long idle, it is not the cause.
+    if (sync_before_launch) s.api("cudaStreamSynchronize", launch - 4, launch - 1);
     s.kernel(launch, start, 2000);
   }
   return s;
@@ -81,6 +83,13 @@ TEST(Rules, HostStarvedWhenLaunchComesLate) {
   EXPECT_NEAR(r.findings[0].time_lost_ms, 49 * 5.993, 1e-3);
   EXPECT_EQ(r.findings[0].evidence["gaps"].get<int>(), 49);
   EXPECT_EQ(find_rule(r, "low_gpu_utilization"), nullptr) << rules_text(r);
+}
+
+TEST(Rules, HostStarvedEvenWithAQuickSyncBeforeTheLaunch) {
+  const Report r = analyze(host_bound(false, true).t);
+  expect_top(r, "host_starved", Severity::high);
+  EXPECT_NEAR(r.findings[0].time_lost_ms, 49 * 5.993, 1e-3);
+  EXPECT_EQ(find_rule(r, "sync_api"), nullptr) << rules_text(r);
 }
 
 TEST(Rules, QueuedWorkWithGapsIsNotHostStarvedButLowUtilization) {
@@ -224,8 +233,8 @@ TEST(Rules, UnifiedMemoryPingPong) {
   expect_top(r, "um_thrashing", Severity::high);
   EXPECT_NEAR(r.findings[0].evidence["remigration_ratio"].get<double>(), 20.0, 1e-9);
   EXPECT_EQ(r.findings[0].evidence["cpu_faults"].get<int>(), 640);
-  // Host windows (9 x 6985 us) plus migrations inside kernels (10 x 6400 us).
-  EXPECT_NEAR(r.findings[0].time_lost_ms, 9 * 6.985 + 10 * 6.4, 1e-3);
+  // Host windows (9 x 6990 us) plus migrations inside kernels (10 x 6400 us).
+  EXPECT_NEAR(r.findings[0].time_lost_ms, 9 * 6.990 + 10 * 6.4, 1e-3);
   EXPECT_EQ(find_rule(r, "host_starved"), nullptr) << rules_text(r);
 }
 
