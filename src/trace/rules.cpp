@@ -29,7 +29,7 @@ const std::map<std::string, double> kDefaults = {
     {"sync_memcpy.min_count", 1},
     {"sync_memset.min_count", 1},
     {"um_thrashing.min_remigration", 1.5},  // bytes migrated / distinct bytes
-    {"pcie_saturation.min_fraction", 0.7},  // of the link ceiling
+    {"pcie_saturation.min_fraction", 0.6},  // of the link ceiling
     {"pcie_saturation.link_gbps", 0},       // 0 = from device info or best observed copy
     {"pcie_saturation.min_bytes", 1 << 20},
     {"low_occupancy.sm_count", 0},          // 0 = from device info

@@ -321,6 +321,11 @@ void Collector::take_sample() {
 
 void Collector::sample_loop() {
   describe_devices();
+  if (!trace_.um_counters_enabled) {  // some drivers only accept the UM setup once cuInit is done
+    const bool enabled = enable_um_counters();
+    std::lock_guard lock(mutex_);
+    trace_.um_counters_enabled = enabled;
+  }
   const auto begin = std::chrono::steady_clock::now();
   while (!finished_) {
     take_sample();
