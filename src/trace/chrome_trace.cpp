@@ -48,7 +48,7 @@ class EventReader {
     const auto it = e_.find(key);
     if (it == e_.end() || !it->is_number()) fail(std::string("missing or non-numeric \"") + key + "\"");
     const double v = it->get<double>();
-    if (!std::isfinite(v) || std::fabs(v) > 9e12) fail(std::string("\"") + key + "\" out of range");
+    if (!std::isfinite(v) || std::fabs(v) > 4e15) fail(std::string("\"") + key + "\" out of range");
     return std::llround(v * 1000.0);
   }
   // An integer that Kineto writes either as a number or as a string ("stream": 7, "tid": "7").
@@ -135,9 +135,19 @@ MemoryKind parse_memset_name(const std::string& name) {
 
 double us(int64_t ns) { return double(ns) / 1000.0; }
 
-}  // namespace
+// Older PyTorch profilers wrote capitalised categories without the prefixes.
+std::string canonical_category(const json& e) {
+  const auto it = e.find("cat");
+  if (it == e.end() || !it->is_string()) return "";
+  const std::string cat = lower(it->get<std::string>());
+  if (cat == "runtime") return "cuda_runtime";
+  if (cat == "driver") return "cuda_driver";
+  if (cat == "memcpy") return "gpu_memcpy";
+  if (cat == "memset") return "gpu_memset";
+  return cat;
+}
 
-Trace parse_chrome_trace(const json& doc, const std::string& source) {
+Trace parse_events(const json& doc, const std::string& source) {
   const json* events = nullptr;
   if (doc.is_array()) events = &doc;
   else if (doc.is_object() && doc.contains("traceEvents") && doc["traceEvents"].is_array()) events = &doc["traceEvents"];
@@ -170,8 +180,9 @@ Trace parse_chrome_trace(const json& doc, const std::string& source) {
     const json& e = (*events)[i];
     if (!e.is_object()) throw core::InputError(source + ": trace event " + std::to_string(i) + " is not an object");
     const EventReader r(e, i, source);
-    const std::string ph = e.value("ph", "");
-    const std::string cat = e.contains("cat") && e["cat"].is_string() ? lower(e["cat"].get<std::string>()) : "";
+    const auto ph_it = e.find("ph");
+    const std::string ph = ph_it != e.end() && ph_it->is_string() ? ph_it->get<std::string>() : "";
+    const std::string cat = canonical_category(e);
     if (ph == "C" && cat == "gpulab_nvml") {
       const int64_t ts = r.time_ns("ts") + base;
       NvmlSample& s = samples[{ts, r.top_int("pid", 0)}];
@@ -235,6 +246,16 @@ Trace parse_chrome_trace(const json& doc, const std::string& source) {
   }
   for (auto& [key, s] : samples) t.samples.push_back(s);
   return t;
+}
+
+}  // namespace
+
+Trace parse_chrome_trace(const json& doc, const std::string& source) {
+  try {
+    return parse_events(doc, source);
+  } catch (const json::exception& e) {  // a field of the wrong JSON type somewhere
+    throw core::InputError(source + ": malformed trace: " + e.what());
+  }
 }
 
 Trace read_chrome_trace(const std::filesystem::path& path) {

@@ -158,7 +158,6 @@ class Analyzer {
  private:
   struct Activity {
     int64_t start, end, correlation;
-    const std::string* name;  // kernels only
   };
   struct Gap {
     int64_t start, end;
@@ -205,9 +204,9 @@ class Analyzer {
 };
 
 void Analyzer::index() {
-  for (const auto& k : t_.kernels) activities_.push_back({k.start_ns, k.end_ns, k.correlation, &k.name});
-  for (const auto& m : t_.memcpys) activities_.push_back({m.start_ns, m.end_ns, m.correlation, nullptr});
-  for (const auto& m : t_.memsets) activities_.push_back({m.start_ns, m.end_ns, m.correlation, nullptr});
+  for (const auto& k : t_.kernels) activities_.push_back({k.start_ns, k.end_ns, k.correlation});
+  for (const auto& m : t_.memcpys) activities_.push_back({m.start_ns, m.end_ns, m.correlation});
+  for (const auto& m : t_.memsets) activities_.push_back({m.start_ns, m.end_ns, m.correlation});
   std::sort(activities_.begin(), activities_.end(), [](auto& a, auto& b) { return a.start < b.start; });
   std::vector<Interval> all, kernels;
   for (const auto& a : activities_) all.push_back({a.start, a.end});

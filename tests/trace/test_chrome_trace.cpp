@@ -245,8 +245,22 @@ TEST(ChromeTrace, MalformedInputIsAClearInputError) {
   EXPECT_NE(parse(R"({"traceEvents": [{"ph": "X", "cat": "gpulab_um", "name": "teleport", "ts": 1, "dur": 1}]})")
                 .find("unified-memory"),
             std::string::npos);
+  // Fields of the wrong JSON type anywhere are input errors too, not internal ones.
+  EXPECT_NE(parse(R"({"gpulab": {"dropped_records": "none"}, "traceEvents": []})").find("t.json: malformed"),
+            std::string::npos);
+  EXPECT_NE(parse(R"({"deviceProperties": [{"id": 0, "numSms": "many"}], "traceEvents": []})").find("t.json: malformed"),
+            std::string::npos);
   // Unknown categories and phases are skipped, not errors.
   EXPECT_EQ(parse(R"({"traceEvents": [{"ph": "X", "cat": "python_function", "name": "f"}, {"ph": "B"}]})"), "");
+  // Older profilers' capitalised categories.
+  const Trace legacy = parse_chrome_trace(nlohmann::json::parse(R"json({"traceEvents": [
+      {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 1, "args": {"correlation": 4}},
+      {"ph": "X", "cat": "Kernel", "name": "k", "ts": 3, "dur": 2, "args": {"correlation": 4}},
+      {"ph": "X", "cat": "Memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 6, "dur": 2}]})json"), "legacy");
+  EXPECT_EQ(legacy.api_calls.size(), 1u);
+  EXPECT_EQ(legacy.kernels.size(), 1u);
+  ASSERT_EQ(legacy.memcpys.size(), 1u);
+  EXPECT_EQ(legacy.memcpys[0].dst, MemoryKind::pinned);
   // A bare array is a valid Chrome trace too.
   EXPECT_EQ(parse_chrome_trace(nlohmann::json::parse(R"([{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2}])"), "a")
                 .kernels.size(),
