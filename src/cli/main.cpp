@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   cli::add_serve_command(app, run);
   cli::add_logits_command(app, run);
   cli::add_tokenize_command(app, run);
-  cli::add_planned_command(app, run, "diagnose", "Trace a CUDA program and say why it under-uses the GPU");
+  cli::add_diagnose_command(app, run);
 
   try {
     app.parse(argc, argv);
