@@ -266,4 +266,24 @@ TEST(Cli, LogitsCudaNearTheFixture) {
 TEST(Cli, LogitsCudaWithoutDeviceExits3) {
   if (gpulab::core::why_no_device().empty()) GTEST_SKIP() << "a CUDA device is visible";
   EXPECT_EQ(run("logits --device cuda --model " + kData + "/llama_tiny --ids 1,2").exit_code, 3);
+TEST(Cli, DatasetMakeThenScanCatchesPlantedCorruptFile) {
+  const fs::path dir = fs::temp_directory_path() / ("gpulab_cli_ds_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const CliRun made = run("dataset make " + dir.string() + " --classes 3 --images 4 --val 1 --width 40 --height 30");
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  const CliRun clean = run("dataset scan --strict --json " + dir.string());
+  ASSERT_EQ(clean.exit_code, 0) << clean.out;
+  const auto j = nlohmann::json::parse(clean.out);
+  EXPECT_EQ(j["splits"][0]["images"], 12);
+  EXPECT_EQ(j["splits"][1]["images"], 3);
+  EXPECT_EQ(j["decode"]["images"], 15);
+  EXPECT_TRUE(j["corrupt"].empty());
+  const fs::path victim = dir / "val" / "c0001_red_square" / "img_000000.JPEG";
+  fs::resize_file(victim, 200);
+  const CliRun lax = run("dataset scan " + dir.string());
+  EXPECT_EQ(lax.exit_code, 0) << lax.out;
+  EXPECT_NE(lax.out.find(victim.string()), std::string::npos) << lax.out;
+  EXPECT_EQ(run("dataset scan --strict " + dir.string()).exit_code, 2);
+  EXPECT_EQ(run("dataset make " + dir.string()).exit_code, 2);  // refuses a non-empty folder
+  fs::remove_all(dir);
 }
