@@ -167,3 +167,34 @@ TEST(Cli, LogitsCudaWithoutDeviceExits3) {
   if (gpulab::core::why_no_device().empty()) GTEST_SKIP() << "a CUDA device is visible";
   EXPECT_EQ(run("logits --device cuda --model " + kData + "/llama_tiny --ids 1,2").exit_code, 3);
 }
+
+TEST(Cli, TokenizeEncodesAndDecodesLikeHuggingFace) {
+  const std::string model = kData + "/tokenizer_spm";
+  const auto cases = nlohmann::json::parse(std::ifstream(model + "/tokenizer_cases.json"))["cases"];
+  const std::string text = cases[5]["text"];  // "GPUs turned from graphics into general compute."
+  const CliRun enc = run("tokenize --model " + model + " --text '" + text + "'");
+  ASSERT_EQ(enc.exit_code, 0) << enc.out;
+  EXPECT_EQ(nlohmann::json::parse(enc.out), nlohmann::json({{"ids", cases[5]["ids"]}}));
+  std::string ids;
+  for (const auto& id : cases[5]["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const CliRun dec = run("tokenize --model " + model + " --ids " + ids);
+  ASSERT_EQ(dec.exit_code, 0) << dec.out;
+  EXPECT_EQ(nlohmann::json::parse(dec.out), nlohmann::json({{"text", text}}));
+  // The JSON array form pastes back too.
+  const CliRun pasted = run("tokenize --model " + model + " --ids '" + nlohmann::json::parse(enc.out)["ids"].dump() + "'");
+  EXPECT_EQ(nlohmann::json::parse(pasted.out), nlohmann::json({{"text", text}})) << pasted.out;
+}
+
+TEST(Cli, TokenizeBadInputExits2) {
+  const std::string model = kData + "/tokenizer_spm";
+  const std::vector<std::string> bad = {"--model /no/such/dir --text hi", "--model " + model + " --ids 1,x,3",
+                                        "--model " + model + " --ids 99999", "--model " + model,
+                                        "--model " + model + " --text a --ids 1"};
+  for (const std::string& args : bad) {
+    const CliRun r = run("tokenize " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
+    EXPECT_FALSE(r.out.empty()) << args;
+  }
+  EXPECT_NE(run("tokenize --model /no/such/dir --text hi").out.find("/no/such/dir"), std::string::npos);
+  EXPECT_NE(run("tokenize --model " + model + " --ids 1,x,3").out.find("\"x\""), std::string::npos);
+}
