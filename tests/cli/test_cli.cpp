@@ -198,3 +198,54 @@ TEST(Cli, TokenizeBadInputExits2) {
   EXPECT_NE(run("tokenize --model /no/such/dir --text hi").out.find("/no/such/dir"), std::string::npos);
   EXPECT_NE(run("tokenize --model " + model + " --ids 1,x,3").out.find("\"x\""), std::string::npos);
 }
+
+static std::string fixture_ids(int case_index, nlohmann::json* greedy = nullptr) {
+  std::ifstream in(kData + "/llama_tiny/expected.json");
+  const auto c = nlohmann::json::parse(in)["cases"][case_index];
+  if (greedy) *greedy = c["greedy_fp32"];
+  std::string ids;
+  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  return ids;
+}
+
+TEST(Cli, GenerateCpuReproducesTheFixtureGreedy) {
+  nlohmann::json greedy;
+  const std::string ids = fixture_ids(2, &greedy);
+  const CliRun r = run("generate --device cpu --model " + kData + "/llama_tiny --ids " + ids +
+                       " --max-tokens 24 --ignore-eos --batch 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["results"][0]["tokens"], greedy);
+  EXPECT_EQ(j["results"][1]["tokens"], greedy);
+  EXPECT_EQ(j["generated_tokens"], 48);
+}
+
+TEST(Cli, GenerateBadInputsExit2) {
+  const std::string model = " --device cpu --model " + kData + "/llama_tiny";
+  EXPECT_EQ(run("generate" + model).exit_code, 2);                               // no prompt
+  EXPECT_EQ(run("generate" + model + " --prompt hi --ids 1").exit_code, 2);      // both
+  EXPECT_EQ(run("generate" + model + " --ids 1,9999").exit_code, 2);             // outside the vocabulary
+  EXPECT_EQ(run("generate" + model + " --ids 1 --max-tokens 600").exit_code, 2);  // beyond 512 positions
+  EXPECT_EQ(run("generate --dummy-weights --config llama2-7b --ids 1").exit_code, 2);  // no tokenizer
+}
+
+TEST(Cli, GenerateCudaBatchOfCopiesAgrees) {
+  GPULAB_REQUIRE_GPU();
+  const std::string ids = fixture_ids(0);
+  const CliRun r = run("generate --model " + kData + "/llama_tiny --ids " + ids +
+                       " --max-tokens 24 --ignore-eos --batch 5 --json --gpu-memory-fraction 0.3");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 5u);
+  EXPECT_EQ(j["device"], "cuda");
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(j["results"][i]["tokens"].size(), 24u);
+    EXPECT_EQ(j["results"][i]["tokens"], j["results"][0]["tokens"]);
+  }
+  // Random weights of a real shape run too (a benchmark configuration, small here).
+  const CliRun d = run("generate --dummy-weights --config " + kData + "/llama_tiny/config.json --tokenizer " + kData +
+                       "/llama_tiny --ids 1,2,3 --max-tokens 8 --ignore-eos --batch 3 --json --gpu-memory-fraction 0.3");
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  EXPECT_EQ(nlohmann::json::parse(d.out)["generated_tokens"], 24);
+}
