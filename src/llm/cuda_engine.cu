@@ -87,6 +87,7 @@ struct CudaEngine::Impl {
   LlamaConfig cfg;
   EngineOptions opt;
   int64_t max_seq_len = 0, max_tokens = 0, max_blocks_per_seq = 0;
+  int64_t logit_rows = 0;  // rows of the logits buffer: a batch's last tokens, or logits() passes
   int64_t qd = 0, kvd = 0, qkv_width = 0;
   kernels::AttentionShape shape;
 
@@ -99,7 +100,7 @@ struct CudaEngine::Impl {
   std::vector<Layer> layers;
   core::DeviceBuffer<float> inv_freq;
 
-  // Activations, sized for max_tokens rows (logits for max_tokens rows too, for logits()).
+  // Activations, sized for max_tokens rows; logits for logit_rows.
   core::DeviceBuffer<float> x, x_last, logits;
   core::DeviceBuffer<bf16> xn, qkv, attn, gate_up, act;
   core::DeviceBuffer<std::byte> decode_ws;
@@ -229,7 +230,7 @@ struct CudaEngine::Impl {
     Arena meta_arena;
     plan_meta(meta_arena);
     size_t n = 0;
-    n += align_up(max_tokens * h * 4) * 2 + align_up(max_tokens * c.vocab_size * 4);
+    n += align_up(max_tokens * h * 4) + align_up(logit_rows * h * 4) + align_up(logit_rows * c.vocab_size * 4);
     n += align_up(max_tokens * h * 2) + align_up(max_tokens * qkv_width * 2) + align_up(max_tokens * qd * 2);
     n += align_up(max_tokens * 2 * c.intermediate_size * 2) + align_up(max_tokens * c.intermediate_size * 2);
     n += align_up(kernels::attention_decode_workspace(B, max_seq_len, shape));
@@ -240,8 +241,8 @@ struct CudaEngine::Impl {
     const LlamaConfig& c = cfg;
     const int64_t h = c.hidden_size, B = opt.max_batch;
     x = core::DeviceBuffer<float>(max_tokens * h);
-    x_last = core::DeviceBuffer<float>(max_tokens * h);
-    logits = core::DeviceBuffer<float>(max_tokens * c.vocab_size);
+    x_last = core::DeviceBuffer<float>(logit_rows * h);
+    logits = core::DeviceBuffer<float>(logit_rows * c.vocab_size);
     logits_host = core::PinnedBuffer<float>(B * c.vocab_size);
     xn = core::DeviceBuffer<bf16>(max_tokens * h);
     qkv = core::DeviceBuffer<bf16>(max_tokens * qkv_width);
@@ -337,7 +338,7 @@ struct CudaEngine::Impl {
 
   // One forward pass over `pieces` (at most max_batch, at most max_tokens rows in all). Writes
   // the logits of each piece's last token to out[i · vocab] (for every token when all_rows,
-  // then with a single piece), and advances each sequence's cached length.
+  // then with a single piece of at most logit_rows), and advances each sequence's cached length.
   void forward(const std::vector<Piece>& pieces, float* out, bool all_rows) {
     const int64_t b = static_cast<int64_t>(pieces.size()), V = cfg.vocab_size;
     // Rows: single-token pieces first (decode attention), then the chunks (prefill attention).
@@ -449,6 +450,7 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
     throw core::InputError("--max-seq-len " + std::to_string(m.max_seq_len) + " exceeds the model's " +
                            std::to_string(c.max_position_embeddings) + " positions");
   m.max_tokens = std::max(options.max_step_tokens, options.max_batch);
+  m.logit_rows = std::min(m.max_tokens, std::max<int64_t>(options.max_batch, 256));
   m.max_blocks_per_seq = m.blocks_for(m.max_seq_len);
   m.qd = c.q_dim();
   m.kvd = c.kv_dim();
@@ -485,7 +487,11 @@ CudaEngine::~CudaEngine() = default;
 
 const LlamaConfig& CudaEngine::config() const { return impl_->cfg; }
 int64_t CudaEngine::max_batch() const { return impl_->opt.max_batch; }
-int64_t CudaEngine::kv_capacity_tokens() const { return impl_->num_blocks * impl_->opt.block_size; }
+// The most one sequence can hold: the pool, or the max sequence length when that is less (so
+// the scheduler refuses longer requests up front).
+int64_t CudaEngine::kv_capacity_tokens() const {
+  return std::min(impl_->num_blocks * impl_->opt.block_size, impl_->max_seq_len);
+}
 
 int64_t CudaEngine::kv_free_tokens() const {
   std::lock_guard lock(impl_->mutex);
@@ -588,8 +594,8 @@ std::vector<float> CudaEngine::logits(std::span<const int32_t> ids) {
   std::vector<float> out(T * V);
   try {
     Sequence& s = m.sequence(*id);
-    for (int64_t t0 = 0; t0 < T; t0 += m.max_tokens) {
-      const int64_t n = std::min(m.max_tokens, T - t0);
+    for (int64_t t0 = 0; t0 < T; t0 += m.logit_rows) {  // passes over the cached past
+      const int64_t n = std::min(m.logit_rows, T - t0);
       m.forward({{&s, ids.subspan(t0, n)}}, out.data() + t0 * V, true);
     }
   } catch (...) {

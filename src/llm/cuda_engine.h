@@ -34,6 +34,7 @@ class CudaEngine final : public Engine {
   const LlamaConfig& config() const override;
   const char* device_name() const override { return "cuda"; }
   int64_t max_batch() const override;
+  // min(KV pool, max sequence length): the most one sequence can hold.
   int64_t kv_capacity_tokens() const override;
   int64_t kv_free_tokens() const override;
   // Throws core::InputError when max_tokens exceeds the engine's max sequence length.
