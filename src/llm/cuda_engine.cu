@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "blas/matmul.h"
 #include "core/device.h"
@@ -122,13 +123,13 @@ struct CudaEngine::Impl {
   SeqId next_id = 1;
   std::mutex mutex;  // open/close may come from another thread than step
 
-  std::map<int64_t, cudaGraphExec_t> decode_graphs;  // by padded batch size
-  std::map<int64_t, int> decode_runs;               // eager runs seen per padded batch size
+  cudaGraphExec_t decode_graph = nullptr;  // a pure decode step of max_batch rows
+  bool decode_ran_eagerly = false;
 
   size_t weight_bytes = 0, buffer_bytes = 0;
 
   ~Impl() {
-    for (auto& [b, exec] : decode_graphs) GPULAB_CHECK_NOTHROW(cudaGraphExecDestroy(exec));
+    if (decode_graph) GPULAB_CHECK_NOTHROW(cudaGraphExecDestroy(decode_graph));
   }
 
   bf16* w(size_t offset) const { return reinterpret_cast<bf16*>(weights.get() + offset); }
@@ -349,14 +350,11 @@ struct CudaEngine::Impl {
     for (int64_t i = 0; i < b; ++i)
       if (pieces[i].tokens.size() != 1) order.push_back(i);
     const bool pure_decode = decodes == b && !all_rows;
-    // Pure decode batches are padded to a power of two so that a few CUDA graphs cover every
-    // size; padding rows write no KV (slot -1) and read page 0.
-    int64_t padded = b;
-    if (pure_decode) {
-      padded = 1;
-      while (padded < b) padded *= 2;
-      padded = std::min(padded, opt.max_batch);
-    }
+    // Pure decode steps always run max_batch rows: one CUDA graph covers every batch, and each
+    // sequence's tokens do not depend on what it is batched with (the GEMMs see one shape).
+    // Decode is bound by reading the weights, so the padding rows cost little; they write no
+    // KV (slot -1) and read page 0.
+    const int64_t padded = pure_decode ? opt.max_batch : b;
     std::fill_n(hmeta(meta_at.block_table), padded * max_blocks_per_seq, 0);
     int64_t n = 0, max_chunk = 0;
     hmeta(meta_at.cu_q)[0] = 0;
@@ -389,14 +387,13 @@ struct CudaEngine::Impl {
     }
     upload_meta(padded);
     const int64_t rows = all_rows ? n : padded;
-    auto graph = pure_decode ? decode_graphs.find(padded) : decode_graphs.end();
-    if (graph != decode_graphs.end()) {
-      GPULAB_CHECK(cudaGraphLaunch(graph->second, *stream));
+    if (pure_decode && decode_graph) {
+      GPULAB_CHECK(cudaGraphLaunch(decode_graph, *stream));
     } else {
       layers_forward(n, decodes == b ? padded : decodes, b - decodes, max_chunk);
       logits_of_rows(rows);
-      // After one eager run (cuBLASLt plans made), capture the step for this batch size.
-      if (pure_decode && opt.cuda_graphs && ++decode_runs[padded] == 1) capture_decode(padded);
+      // After one eager run (cuBLASLt plans made), capture the decode step.
+      if (pure_decode && opt.cuda_graphs && !std::exchange(decode_ran_eagerly, true)) capture_decode(padded);
     }
     const int64_t copy_rows = all_rows ? n : b;
     float* host = all_rows ? out : logits_host.get();
@@ -423,7 +420,7 @@ struct CudaEngine::Impl {
     const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
     GPULAB_CHECK(cudaGraphDestroy(graph));
     GPULAB_CHECK(status);
-    decode_graphs[padded] = exec;
+    decode_graph = exec;
   }
 
   Sequence& sequence(SeqId id) {
