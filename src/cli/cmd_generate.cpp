@@ -82,7 +82,9 @@ int run_generate(const GenerateOptions& opt) {
     engine = llm::make_cpu_engine(weights, longest * std::min<int64_t>(opt.batch, 64), opt.threads);
   }
 
-  llm::Scheduler scheduler(*engine, tokenizer);
+  llm::SchedulerOptions so;
+  so.max_batch = engine->max_batch();
+  llm::Scheduler scheduler(*engine, tokenizer, so);
   std::vector<llm::GenerationResult> results(opt.batch);
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < opt.batch; ++i) {
