@@ -265,6 +265,7 @@ struct CudaEngine::Impl {
     const size_t block_bytes = 2 * cfg.num_layers * opt.block_size * kvd * 2;
     num_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
     if (opt.max_kv_tokens > 0) num_blocks = std::min(num_blocks, blocks_for(opt.max_kv_tokens));
+    num_blocks = std::min(num_blocks, opt.max_batch * max_blocks_per_seq);  // more could never be used
     if (num_blocks < 1)
       throw core::InputError("no GPU memory left for the KV cache at --gpu-memory-fraction " +
                              std::to_string(opt.gpu_memory_fraction) + ": weights take " + gib(weight_bytes) +
