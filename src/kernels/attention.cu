@@ -1,5 +1,6 @@
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/dtype_dispatch.h"
@@ -131,6 +132,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
 // ---- decode: one block per (split of kSplit positions, kv head, sequence) ----
 
 constexpr int kSplit = 256, kDecodeThreads = 128, kDecodeWarps = kDecodeThreads / 32;
+constexpr int kMaxSplitBlocks = 16;  // blocks per (kv head, sequence); each loops over splits
 
 int64_t max_splits(int64_t max_seq_len) { return (max_seq_len + kSplit - 1) / kSplit; }
 
@@ -145,58 +147,63 @@ __global__ void __launch_bounds__(kDecodeThreads)
   extern __shared__ float smem[];
   float* qs = smem;               // [group][D], pre-scaled
   float* scores = qs + group * D;  // [group][kSplit]
-  const int seq = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
-  const int len = seq_lens[seq], s0 = split * kSplit;
-  if (s0 >= len) return;
-  const int n = min(len - s0, kSplit), q_heads = kv_heads * group;
+  const int seq = blockIdx.z, kvh = blockIdx.y;
+  const int len = seq_lens[seq];
+  if (static_cast<int>(blockIdx.x) * kSplit >= len) return;
+  const int q_heads = kv_heads * group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t* table = block_table + seq * max_blocks;
   auto slot_of = [&](int pos) { return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size; };
 
   for (int idx = tid; idx < group * D; idx += kDecodeThreads)
     qs[idx] = static_cast<float>(q[seq * q_stride + (kvh * group) * D + idx]) * scale;
-  __syncthreads();
 
-  for (int jj = warp; jj < n; jj += kDecodeWarps) {
-    const T* kp = k_cache + (slot_of(s0 + jj) * kv_heads + kvh) * D;
-    float kv[D / 32];
+  // A block takes splits blockIdx.x, + gridDim.x, ...: the grid stays small for long contexts.
+  for (int split = blockIdx.x; split * kSplit < len; split += gridDim.x) {
+    const int s0 = split * kSplit, n = min(len - s0, kSplit);
+    __syncthreads();  // q is loaded; the previous split's scores are consumed
+
+    for (int jj = warp; jj < n; jj += kDecodeWarps) {
+      const T* kp = k_cache + (slot_of(s0 + jj) * kv_heads + kvh) * D;
+      float kv[D / 32];
 #pragma unroll
-    for (int e = 0; e < D / 32; ++e) kv[e] = static_cast<float>(kp[lane + 32 * e]);
-    for (int g = 0; g < group; ++g) {
-      float dot = 0.f;
+      for (int e = 0; e < D / 32; ++e) kv[e] = static_cast<float>(kp[lane + 32 * e]);
+      for (int g = 0; g < group; ++g) {
+        float dot = 0.f;
 #pragma unroll
-      for (int e = 0; e < D / 32; ++e) dot += qs[g * D + lane + 32 * e] * kv[e];
-      for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-      if (lane == 0) scores[g * kSplit + jj] = dot;
+        for (int e = 0; e < D / 32; ++e) dot += qs[g * D + lane + 32 * e] * kv[e];
+        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        if (lane == 0) scores[g * kSplit + jj] = dot;
+      }
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  for (int g = warp; g < group; g += kDecodeWarps) {
-    float mx = -INFINITY;
-    for (int jj = lane; jj < n; jj += 32) mx = fmaxf(mx, scores[g * kSplit + jj]);
-    for (int offset = 16; offset > 0; offset /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
-    float sum = 0.f;
-    for (int jj = lane; jj < n; jj += 32) {
-      const float p = expf(scores[g * kSplit + jj] - mx);
-      scores[g * kSplit + jj] = p;
-      sum += p;
+    for (int g = warp; g < group; g += kDecodeWarps) {
+      float mx = -INFINITY;
+      for (int jj = lane; jj < n; jj += 32) mx = fmaxf(mx, scores[g * kSplit + jj]);
+      for (int offset = 16; offset > 0; offset /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
+      float sum = 0.f;
+      for (int jj = lane; jj < n; jj += 32) {
+        const float p = expf(scores[g * kSplit + jj] - mx);
+        scores[g * kSplit + jj] = p;
+        sum += p;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) {
+        const int64_t at = (static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split;
+        part_m[at] = mx;
+        part_l[at] = sum;
+      }
     }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) {
-      const int64_t at = (static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split;
-      part_m[at] = mx;
-      part_l[at] = sum;
-    }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  for (int idx = tid; idx < group * D; idx += kDecodeThreads) {
-    const int g = idx / D, i = idx % D;
-    float acc = 0.f;
-    for (int jj = 0; jj < n; ++jj)
-      acc += scores[g * kSplit + jj] * static_cast<float>(v_cache[(slot_of(s0 + jj) * kv_heads + kvh) * D + i]);
-    part_o[((static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split) * D + i] = acc;
+    for (int idx = tid; idx < group * D; idx += kDecodeThreads) {
+      const int g = idx / D, i = idx % D;
+      float acc = 0.f;
+      for (int jj = 0; jj < n; ++jj)
+        acc += scores[g * kSplit + jj] * static_cast<float>(v_cache[(slot_of(s0 + jj) * kv_heads + kvh) * D + i]);
+      part_o[((static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split) * D + i] = acc;
+    }
   }
 }
 
@@ -271,7 +278,8 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
       const size_t smem = sizeof(float) * group * (D + kSplit);
       if (smem > 48 * 1024)
         GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      decode_split_kernel<T, D><<<dim3(splits, shape.kv_heads, num_seqs), kDecodeThreads, smem, stream>>>(
+      decode_split_kernel<T, D><<<dim3(std::min(splits, kMaxSplitBlocks), shape.kv_heads, num_seqs), kDecodeThreads,
+                                  smem, stream>>>(
           static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache),
           kv.block_table, kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens,
           static_cast<int>(shape.kv_heads), group, shape.scale, splits, part_o, part_m, part_l);

@@ -241,8 +241,9 @@ TEST(KernelsLlmGpu, PrefillAttentionChunksOverShuffledPages) {
 TEST(KernelsLlmGpu, DecodeAttentionOverShuffledPages) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(17);
-  const std::vector<int32_t> lens = {1, 255, 256, 700, 33};
-  const int64_t num_seqs = lens.size(), max_len = 700;
+  // 5000 positions are 20 splits: more than the blocks per (kv head, sequence), so blocks loop.
+  const std::vector<int32_t> lens = {1, 255, 256, 700, 33, 5000};
+  const int64_t num_seqs = lens.size(), max_len = 5000;
   const PagedCache pages(lens, 16, rng);
   auto d_lens = upload_ints(lens);
   for (const AttentionCase& c : kAttentionCases)
