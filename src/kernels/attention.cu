@@ -1,5 +1,6 @@
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/dtype_dispatch.h"
@@ -29,6 +30,7 @@ void check_shape(const AttentionShape& s) {
 }
 
 // ---- prefill: one block per (64 query rows, head, sequence); 4 threads per query row ----
+// K/V tiles are gathered from the pages into shared memory.
 
 constexpr int kBr = 64, kBc = 64, kPrefillThreads = 256;
 static_assert(kBr * 4 == kPrefillThreads, "four threads per query row");
@@ -40,8 +42,9 @@ constexpr size_t prefill_smem_bytes() {
 
 template <class T, int D>
 __global__ void __launch_bounds__(kPrefillThreads)
-    prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const T* k, int64_t k_stride,
-                   const T* v, int64_t v_stride, const int32_t* cu_seqlens, int group, float scale) {
+    prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+                   const int32_t* block_table, int64_t max_blocks, int block_size, const int32_t* cu_q,
+                   const int32_t* kv_lens, int kv_heads, int group, float scale) {
   constexpr int kLd = D + 1;  // padding keeps rows of Q and K in different banks
   extern __shared__ float smem[];
   float* qs = smem;             // [kBr][kLd], pre-scaled
@@ -50,11 +53,12 @@ __global__ void __launch_bounds__(kPrefillThreads)
   float* ps = vs + kBc * D;     // [kBr][kBc + 1] probabilities of the current tile
 
   const int seq = blockIdx.z, h = blockIdx.y, kvh = h / group;
-  const int64_t start = cu_seqlens[seq];
-  const int len = cu_seqlens[seq + 1] - cu_seqlens[seq];
+  const int64_t start = cu_q[seq];
+  const int len = cu_q[seq + 1] - cu_q[seq], kv_len = kv_lens[seq], past = kv_len - len;
   const int q0 = blockIdx.x * kBr;
   if (q0 >= len) return;
-  const int tid = threadIdx.x, r = tid / 4, lane4 = tid % 4, qpos = q0 + r;
+  const int tid = threadIdx.x, r = tid / 4, lane4 = tid % 4, qpos = past + q0 + r;
+  const int32_t* table = block_table + seq * max_blocks;
 
   for (int idx = tid; idx < kBr * D; idx += kPrefillThreads) {
     const int rr = idx / D, i = idx % D;
@@ -62,14 +66,19 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
   float o[D / 4] = {};
   float m = -INFINITY, l = 0.f;
-  const int kv_end = min(len, q0 + kBr);  // causal: no key beyond the tile's last query
+  const int kv_end = min(kv_len, past + q0 + kBr);  // causal: no key beyond the tile's last query
   for (int k0 = 0; k0 < kv_end; k0 += kBc) {
     __syncthreads();  // the previous tile is consumed; on the first pass, Q is loaded
     for (int idx = tid; idx < kBc * D; idx += kPrefillThreads) {
-      const int c = idx / D, i = idx % D;
-      const bool inside = k0 + c < len;
-      ks[c * kLd + i] = inside ? static_cast<float>(k[(start + k0 + c) * k_stride + kvh * D + i]) : 0.f;
-      vs[c * D + i] = inside ? static_cast<float>(v[(start + k0 + c) * v_stride + kvh * D + i]) : 0.f;
+      const int c = idx / D, i = idx % D, pos = k0 + c;
+      float kv = 0.f, vv = 0.f;
+      if (pos < kv_len) {
+        const int64_t at = ((static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) * kv_heads + kvh) * D + i;
+        kv = static_cast<float>(k_cache[at]);
+        vv = static_cast<float>(v_cache[at]);
+      }
+      ks[c * kLd + i] = kv;
+      vs[c * D + i] = vv;
     }
     __syncthreads();
 
@@ -79,7 +88,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
     for (int j = 0; j < kBc / 4; ++j) {
       const int c = lane4 + 4 * j, key = k0 + c;
       float dot = -INFINITY;
-      if (key <= qpos && key < len) {
+      if (key <= qpos && key < kv_len) {
         dot = 0.f;
 #pragma unroll 8
         for (int i = 0; i < D; ++i) dot += qs[r * kLd + i] * ks[c * kLd + i];
@@ -112,16 +121,18 @@ __global__ void __launch_bounds__(kPrefillThreads)
       for (int i = 0; i < D / 4; ++i) o[i] += p * vs[c * D + lane4 + 4 * i];
     }
   }
-  if (qpos < len) {
+  if (q0 + r < len) {
     const float inv = 1.0f / l;
 #pragma unroll
-    for (int i = 0; i < D / 4; ++i) out[(start + qpos) * out_stride + h * D + lane4 + 4 * i] = static_cast<T>(o[i] * inv);
+    for (int i = 0; i < D / 4; ++i)
+      out[(start + q0 + r) * out_stride + h * D + lane4 + 4 * i] = static_cast<T>(o[i] * inv);
   }
 }
 
 // ---- decode: one block per (split of kSplit positions, kv head, sequence) ----
 
 constexpr int kSplit = 256, kDecodeThreads = 128, kDecodeWarps = kDecodeThreads / 32;
+constexpr int kMaxSplitBlocks = 16;  // blocks per (kv head, sequence); each loops over splits
 
 int64_t max_splits(int64_t max_seq_len) { return (max_seq_len + kSplit - 1) / kSplit; }
 
@@ -136,58 +147,63 @@ __global__ void __launch_bounds__(kDecodeThreads)
   extern __shared__ float smem[];
   float* qs = smem;               // [group][D], pre-scaled
   float* scores = qs + group * D;  // [group][kSplit]
-  const int seq = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
-  const int len = seq_lens[seq], s0 = split * kSplit;
-  if (s0 >= len) return;
-  const int n = min(len - s0, kSplit), q_heads = kv_heads * group;
+  const int seq = blockIdx.z, kvh = blockIdx.y;
+  const int len = seq_lens[seq];
+  if (static_cast<int>(blockIdx.x) * kSplit >= len) return;
+  const int q_heads = kv_heads * group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t* table = block_table + seq * max_blocks;
   auto slot_of = [&](int pos) { return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size; };
 
   for (int idx = tid; idx < group * D; idx += kDecodeThreads)
     qs[idx] = static_cast<float>(q[seq * q_stride + (kvh * group) * D + idx]) * scale;
-  __syncthreads();
 
-  for (int jj = warp; jj < n; jj += kDecodeWarps) {
-    const T* kp = k_cache + (slot_of(s0 + jj) * kv_heads + kvh) * D;
-    float kv[D / 32];
+  // A block takes splits blockIdx.x, + gridDim.x, ...: the grid stays small for long contexts.
+  for (int split = blockIdx.x; split * kSplit < len; split += gridDim.x) {
+    const int s0 = split * kSplit, n = min(len - s0, kSplit);
+    __syncthreads();  // q is loaded; the previous split's scores are consumed
+
+    for (int jj = warp; jj < n; jj += kDecodeWarps) {
+      const T* kp = k_cache + (slot_of(s0 + jj) * kv_heads + kvh) * D;
+      float kv[D / 32];
 #pragma unroll
-    for (int e = 0; e < D / 32; ++e) kv[e] = static_cast<float>(kp[lane + 32 * e]);
-    for (int g = 0; g < group; ++g) {
-      float dot = 0.f;
+      for (int e = 0; e < D / 32; ++e) kv[e] = static_cast<float>(kp[lane + 32 * e]);
+      for (int g = 0; g < group; ++g) {
+        float dot = 0.f;
 #pragma unroll
-      for (int e = 0; e < D / 32; ++e) dot += qs[g * D + lane + 32 * e] * kv[e];
-      for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-      if (lane == 0) scores[g * kSplit + jj] = dot;
+        for (int e = 0; e < D / 32; ++e) dot += qs[g * D + lane + 32 * e] * kv[e];
+        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        if (lane == 0) scores[g * kSplit + jj] = dot;
+      }
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  for (int g = warp; g < group; g += kDecodeWarps) {
-    float mx = -INFINITY;
-    for (int jj = lane; jj < n; jj += 32) mx = fmaxf(mx, scores[g * kSplit + jj]);
-    for (int offset = 16; offset > 0; offset /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
-    float sum = 0.f;
-    for (int jj = lane; jj < n; jj += 32) {
-      const float p = expf(scores[g * kSplit + jj] - mx);
-      scores[g * kSplit + jj] = p;
-      sum += p;
+    for (int g = warp; g < group; g += kDecodeWarps) {
+      float mx = -INFINITY;
+      for (int jj = lane; jj < n; jj += 32) mx = fmaxf(mx, scores[g * kSplit + jj]);
+      for (int offset = 16; offset > 0; offset /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
+      float sum = 0.f;
+      for (int jj = lane; jj < n; jj += 32) {
+        const float p = expf(scores[g * kSplit + jj] - mx);
+        scores[g * kSplit + jj] = p;
+        sum += p;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) {
+        const int64_t at = (static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split;
+        part_m[at] = mx;
+        part_l[at] = sum;
+      }
     }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) {
-      const int64_t at = (static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split;
-      part_m[at] = mx;
-      part_l[at] = sum;
-    }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  for (int idx = tid; idx < group * D; idx += kDecodeThreads) {
-    const int g = idx / D, i = idx % D;
-    float acc = 0.f;
-    for (int jj = 0; jj < n; ++jj)
-      acc += scores[g * kSplit + jj] * static_cast<float>(v_cache[(slot_of(s0 + jj) * kv_heads + kvh) * D + i]);
-    part_o[((static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split) * D + i] = acc;
+    for (int idx = tid; idx < group * D; idx += kDecodeThreads) {
+      const int g = idx / D, i = idx % D;
+      float acc = 0.f;
+      for (int jj = 0; jj < n; ++jj)
+        acc += scores[g * kSplit + jj] * static_cast<float>(v_cache[(slot_of(s0 + jj) * kv_heads + kvh) * D + i]);
+      part_o[((static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split) * D + i] = acc;
+    }
   }
 }
 
@@ -222,11 +238,12 @@ __global__ void kv_write_kernel(T* k_cache, T* v_cache, const T* k, int64_t k_st
 
 }  // namespace
 
-void attention_prefill(Rows out, ConstRows q, ConstRows k, ConstRows v, const int32_t* cu_seqlens, int64_t num_seqs,
-                       int64_t max_seqlen, const AttentionShape& shape, core::DType dtype, cudaStream_t stream) {
+void attention_prefill(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,
+                       int64_t num_seqs, int64_t max_q_len, const AttentionShape& shape, core::DType dtype,
+                       cudaStream_t stream) {
   check_shape(shape);
-  if (num_seqs == 0 || max_seqlen == 0) return;
-  const dim3 grid((max_seqlen + kBr - 1) / kBr, shape.q_heads, num_seqs);
+  if (num_seqs == 0 || max_q_len == 0) return;
+  const dim3 grid((max_q_len + kBr - 1) / kBr, shape.q_heads, num_seqs);
   const int group = static_cast<int>(shape.q_heads / shape.kv_heads);
   core::dispatch_activation(dtype, [&]<class T>() {
     dispatch_head_dim(shape.head_dim, [&]<int D>() {
@@ -234,8 +251,8 @@ void attention_prefill(Rows out, ConstRows q, ConstRows k, ConstRows v, const in
       GPULAB_CHECK(cudaFuncSetAttribute(prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       prefill_kernel<T, D><<<grid, kPrefillThreads, smem, stream>>>(
           static_cast<T*>(out.data), out.stride, static_cast<const T*>(q.data), q.stride,
-          static_cast<const T*>(k.data), k.stride, static_cast<const T*>(v.data), v.stride, cu_seqlens, group,
-          shape.scale);
+          static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache), kv.block_table, kv.max_blocks_per_seq,
+          static_cast<int>(kv.block_size), cu_q, kv_lens, static_cast<int>(shape.kv_heads), group, shape.scale);
       GPULAB_CHECK_LAUNCH();
     });
   });
@@ -261,7 +278,8 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
       const size_t smem = sizeof(float) * group * (D + kSplit);
       if (smem > 48 * 1024)
         GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      decode_split_kernel<T, D><<<dim3(splits, shape.kv_heads, num_seqs), kDecodeThreads, smem, stream>>>(
+      decode_split_kernel<T, D><<<dim3(std::min(splits, kMaxSplitBlocks), shape.kv_heads, num_seqs), kDecodeThreads,
+                                  smem, stream>>>(
           static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache),
           kv.block_table, kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens,
           static_cast<int>(shape.kv_heads), group, shape.scale, splits, part_o, part_m, part_l);

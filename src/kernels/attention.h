@@ -1,6 +1,8 @@
-// Attention for LLaMA-family inference, GQA-aware (query head h reads kv head h / group):
-//   attention_prefill  causal self-attention of packed sequences (tiled, online softmax)
-//   attention_decode   one new query per sequence over its paged KV cache (split-K over pages)
+// Attention for LLaMA-family inference over a paged KV cache, GQA-aware (query head h reads kv
+// head h / group):
+//   attention_prefill  a chunk of queries per sequence, causal over everything cached before it
+//                      and within it (tiled, online softmax)
+//   attention_decode   one new query per sequence (split-K over pages)
 //   kv_cache_write     scatter new keys/values into their cache slots
 // The paged cache of one layer holds K and V as [num_blocks, block_size, kv_heads, head_dim];
 // sequence s owns blocks block_table[s, 0..], so position p lives in slot
@@ -34,11 +36,6 @@ struct ConstRows {
   int64_t stride;
 };
 
-// Sequence s is rows cu_seqlens[s] .. cu_seqlens[s+1] of q, k, v and out (device array of
-// num_seqs + 1 ints); it attends causally to itself only. max_seqlen bounds every length.
-void attention_prefill(Rows out, ConstRows q, ConstRows k, ConstRows v, const int32_t* cu_seqlens, int64_t num_seqs,
-                       int64_t max_seqlen, const AttentionShape& shape, core::DType dtype, cudaStream_t stream);
-
 struct PagedKv {
   const void* k_cache;
   const void* v_cache;
@@ -46,6 +43,13 @@ struct PagedKv {
   int64_t max_blocks_per_seq;
   int64_t block_size;
 };
+
+// Sequence s has query rows cu_q[s] .. cu_q[s+1] (device array of num_seqs + 1 ints) at
+// positions kv_lens[s] - q_len .. kv_lens[s] - 1, whose keys and values are already in the
+// cache; each query attends to positions 0 .. its own. max_q_len bounds every q_len.
+void attention_prefill(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,
+                       int64_t num_seqs, int64_t max_q_len, const AttentionShape& shape, core::DType dtype,
+                       cudaStream_t stream);
 
 // Row s of q attends to positions 0 .. seq_lens[s]-1 of sequence s (its own key already
 // written). max_seq_len bounds every seq_lens[s]; the workspace (device, bytes from

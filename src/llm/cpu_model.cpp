@@ -24,6 +24,12 @@ float dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
+int32_t argmax(std::span<const float> values) {
+  int32_t index = 0;
+  kernels::argmax_ref(&index, values.data(), 1, static_cast<int64_t>(values.size()));
+  return index;
+}
+
 CpuModel::CpuModel(const WeightSource& w, int threads)
     : config_(w.config()),
       threads_(threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency())) {
@@ -135,8 +141,7 @@ std::vector<int32_t> CpuModel::generate_greedy(std::span<const int32_t> prompt, 
   const int64_t V = config_.vocab_size;
   const float* last = logits.data() + (static_cast<int64_t>(prompt.size()) - 1) * V;
   while (static_cast<int64_t>(out.size()) < max_new) {
-    int32_t next = 0;
-    kernels::argmax_ref(&next, last, 1, V);
+    const int32_t next = argmax(std::span<const float>(last, V));
     out.push_back(next);
     if (stop_at_eos && std::ranges::count(config_.eos_token_ids, next)) break;
     if (static_cast<int64_t>(out.size()) == max_new) break;

@@ -52,4 +52,7 @@ class CpuModel {
   std::vector<float> inv_freq_;
 };
 
+// Index of the largest of `values` (the first one on ties).
+int32_t argmax(std::span<const float> values);
+
 }  // namespace gpulab::llm

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "blas/matmul.h"
 #include "core/device.h"
@@ -67,13 +69,17 @@ struct Layer {
   size_t attn_norm, qkv, qkv_bias, o, o_bias, mlp_norm, gate_up, down;  // offsets into the weights
 };
 
-// A sequence in flight: its tokens so far and its KV pages.
+// An open sequence: its KV pages (reserved for its whole length) and how much is cached.
 struct Sequence {
-  std::vector<int32_t> tokens;
   std::vector<int32_t> blocks;
-  size_t prompt_len = 0;
-  int64_t max_new = 0;
-  bool stop_at_eos = false;
+  int64_t reserved = 0;  // tokens
+  int64_t kv_len = 0;
+};
+
+// One sequence's part of a forward pass: `tokens` appended after what it has cached.
+struct Piece {
+  Sequence* seq;
+  std::span<const int32_t> tokens;
 };
 
 }  // namespace
@@ -81,7 +87,8 @@ struct Sequence {
 struct CudaEngine::Impl {
   LlamaConfig cfg;
   EngineOptions opt;
-  int64_t max_seq_len = 0, max_tokens = 0, max_blocks_per_seq = 0, logit_rows = 0;
+  int64_t max_seq_len = 0, max_tokens = 0, max_blocks_per_seq = 0;
+  int64_t logit_rows = 0;  // rows of the logits buffer: a batch's last tokens, or logits() passes
   int64_t qd = 0, kvd = 0, qkv_width = 0;
   kernels::AttentionShape shape;
 
@@ -94,14 +101,16 @@ struct CudaEngine::Impl {
   std::vector<Layer> layers;
   core::DeviceBuffer<float> inv_freq;
 
-  // Activations, sized for max_tokens rows.
+  // Activations, sized for max_tokens rows; logits for logit_rows.
   core::DeviceBuffer<float> x, x_last, logits;
   core::DeviceBuffer<bf16> xn, qkv, attn, gate_up, act;
   core::DeviceBuffer<std::byte> decode_ws;
+  core::PinnedBuffer<float> logits_host;
 
-  // Step metadata: one int32 block mirrored in pinned host memory, copied up once per step.
+  // Step metadata: one int32 block mirrored in pinned host memory, copied up once per step;
+  // the block table comes last so only its used rows travel.
   struct Meta {
-    size_t ids, positions, slots, cu_seqlens, seq_lens, last_rows, block_table, next, total;
+    size_t ids, positions, slots, cu_q, seq_lens, last_rows, block_table;
   } meta_at{};
   core::DeviceBuffer<int32_t> meta;
   core::PinnedBuffer<int32_t> meta_host;
@@ -110,14 +119,17 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<bf16> kv;
   int64_t num_blocks = 0;
   std::vector<int32_t> free_blocks;
+  std::map<SeqId, Sequence> sequences;
+  SeqId next_id = 1;
+  std::mutex mutex;  // open/close may come from another thread than step
 
-  std::map<int64_t, cudaGraphExec_t> decode_graphs;  // by padded batch size
-  std::map<int64_t, int> decode_runs;               // eager runs seen per padded batch size
+  cudaGraphExec_t decode_graph = nullptr;  // a pure decode step of max_batch rows
+  bool decode_ran_eagerly = false;
 
   size_t weight_bytes = 0, buffer_bytes = 0;
 
   ~Impl() {
-    for (auto& [b, exec] : decode_graphs) GPULAB_CHECK_NOTHROW(cudaGraphExecDestroy(exec));
+    if (decode_graph) GPULAB_CHECK_NOTHROW(cudaGraphExecDestroy(decode_graph));
   }
 
   bf16* w(size_t offset) const { return reinterpret_cast<bf16*>(weights.get() + offset); }
@@ -126,6 +138,7 @@ struct CudaEngine::Impl {
   int64_t layer_kv_elems() const { return num_blocks * opt.block_size * kvd; }
   int32_t* dmeta(size_t at) const { return meta.get() + at; }
   int32_t* hmeta(size_t at) const { return meta_host.get() + at; }
+  int64_t blocks_for(int64_t tokens) const { return (tokens + opt.block_size - 1) / opt.block_size; }
 
   void gemm(const bf16* a, const bf16* weight, void* c, DType c_type, int64_t m, int64_t n, int64_t k, float beta) {
     blas->matmul({m, n, k, false, true}, {kAct, kAct, c_type}, a, weight, c, *stream, 1.f, beta);
@@ -199,12 +212,39 @@ struct CudaEngine::Impl {
     stream->synchronize();
   }
 
+  Meta plan_meta(Arena& m) const {
+    const int64_t B = opt.max_batch;
+    Meta at{};
+    at.ids = m.take(max_tokens * 4) / 4;
+    at.positions = m.take(max_tokens * 4) / 4;
+    at.slots = m.take(max_tokens * 4) / 4;
+    at.cu_q = m.take((B + 1) * 4) / 4;
+    at.seq_lens = m.take(B * 4) / 4;
+    at.last_rows = m.take(max_tokens * 4) / 4;
+    at.block_table = m.take(B * max_blocks_per_seq * 4) / 4;
+    return at;
+  }
+
+  size_t buffer_bytes_needed() const {
+    const LlamaConfig& c = cfg;
+    const int64_t h = c.hidden_size, B = opt.max_batch;
+    Arena meta_arena;
+    plan_meta(meta_arena);
+    size_t n = 0;
+    n += align_up(max_tokens * h * 4) + align_up(logit_rows * h * 4) + align_up(logit_rows * c.vocab_size * 4);
+    n += align_up(max_tokens * h * 2) + align_up(max_tokens * qkv_width * 2) + align_up(max_tokens * qd * 2);
+    n += align_up(max_tokens * 2 * c.intermediate_size * 2) + align_up(max_tokens * c.intermediate_size * 2);
+    n += align_up(kernels::attention_decode_workspace(B, max_seq_len, shape));
+    return n + meta_arena.bytes;
+  }
+
   void allocate_buffers() {
     const LlamaConfig& c = cfg;
     const int64_t h = c.hidden_size, B = opt.max_batch;
     x = core::DeviceBuffer<float>(max_tokens * h);
-    x_last = core::DeviceBuffer<float>(std::max(B, logit_rows) * h);
-    logits = core::DeviceBuffer<float>(std::max(B, logit_rows) * c.vocab_size);
+    x_last = core::DeviceBuffer<float>(logit_rows * h);
+    logits = core::DeviceBuffer<float>(logit_rows * c.vocab_size);
+    logits_host = core::PinnedBuffer<float>(B * c.vocab_size);
     xn = core::DeviceBuffer<bf16>(max_tokens * h);
     qkv = core::DeviceBuffer<bf16>(max_tokens * qkv_width);
     attn = core::DeviceBuffer<bf16>(max_tokens * qd);
@@ -212,28 +252,9 @@ struct CudaEngine::Impl {
     act = core::DeviceBuffer<bf16>(max_tokens * c.intermediate_size);
     decode_ws = core::DeviceBuffer<std::byte>(kernels::attention_decode_workspace(B, max_seq_len, shape));
     Arena m;
-    meta_at.ids = m.take(max_tokens * 4) / 4;
-    meta_at.positions = m.take(max_tokens * 4) / 4;
-    meta_at.slots = m.take(max_tokens * 4) / 4;
-    meta_at.cu_seqlens = m.take((B + 1) * 4) / 4;
-    meta_at.seq_lens = m.take(B * 4) / 4;
-    meta_at.last_rows = m.take(B * 4) / 4;
-    meta_at.block_table = m.take(B * max_blocks_per_seq * 4) / 4;
-    meta_at.next = m.take(B * 4) / 4;
-    meta_at.total = m.bytes / 4;
-    meta = core::DeviceBuffer<int32_t>(meta_at.total);
-    meta_host = core::PinnedBuffer<int32_t>(meta_at.total);
-  }
-
-  size_t buffer_bytes_needed() const {
-    const LlamaConfig& c = cfg;
-    const int64_t h = c.hidden_size, B = opt.max_batch, rows = std::max(B, logit_rows);
-    size_t n = 0;
-    n += align_up(max_tokens * h * 4) + align_up(rows * h * 4) + align_up(rows * c.vocab_size * 4);
-    n += align_up(max_tokens * h * 2) + align_up(max_tokens * qkv_width * 2) + align_up(max_tokens * qd * 2);
-    n += align_up(max_tokens * 3 * c.intermediate_size * 2);
-    n += align_up(kernels::attention_decode_workspace(B, max_seq_len, shape));
-    return n;
+    meta_at = plan_meta(m);
+    meta = core::DeviceBuffer<int32_t>(m.bytes / 4);
+    meta_host = core::PinnedBuffer<int32_t>(m.bytes / 4);
   }
 
   void size_kv_pool() {
@@ -243,42 +264,17 @@ struct CudaEngine::Impl {
                           static_cast<double>(total - free_bytes) - static_cast<double>(kSafetyMargin);
     const size_t block_bytes = 2 * cfg.num_layers * opt.block_size * kvd * 2;
     num_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
-    if (opt.max_kv_tokens > 0)
-      num_blocks = std::min(num_blocks, (opt.max_kv_tokens + opt.block_size - 1) / opt.block_size);
+    if (opt.max_kv_tokens > 0) num_blocks = std::min(num_blocks, blocks_for(opt.max_kv_tokens));
+    num_blocks = std::min(num_blocks, opt.max_batch * max_blocks_per_seq);  // more could never be used
     if (num_blocks < 1)
       throw core::InputError("no GPU memory left for the KV cache at --gpu-memory-fraction " +
                              std::to_string(opt.gpu_memory_fraction) + ": weights take " + gib(weight_bytes) +
                              ", buffers " + gib(buffer_bytes) + ", " + gib(free_bytes) + " free of " + gib(total) +
                              " (raise the fraction, or lower --max-batch / --max-seq-len)");
     kv = core::DeviceBuffer<bf16>(2 * cfg.num_layers * num_blocks * opt.block_size * kvd);
-    free_blocks.clear();
     for (int64_t b = num_blocks - 1; b >= 0; --b) free_blocks.push_back(static_cast<int32_t>(b));
     core::log_info("KV cache: ", num_blocks, " pages of ", opt.block_size, " tokens (", num_blocks * opt.block_size,
                    " tokens, ", gib(kv.bytes()), "); weights ", gib(weight_bytes), ", buffers ", gib(buffer_bytes));
-  }
-
-  int64_t blocks_for(int64_t tokens) const { return (tokens + opt.block_size - 1) / opt.block_size; }
-
-  // Refuses, with the reason, a request that could never run on this engine.
-  void check_fits(const std::vector<int32_t>& prompt, int64_t max_new, const std::string& what) const {
-    if (prompt.empty()) throw core::InputError(what + ": the prompt is empty");
-    for (int32_t id : prompt)
-      if (id < 0 || id >= cfg.vocab_size)
-        throw core::InputError(what + ": token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                               std::to_string(cfg.vocab_size) + ")");
-    const int64_t total = static_cast<int64_t>(prompt.size()) + max_new;
-    if (total > max_seq_len)
-      throw core::InputError(what + ": " + std::to_string(prompt.size()) + " prompt + " + std::to_string(max_new) +
-                             " new tokens exceed the engine's max sequence length " + std::to_string(max_seq_len));
-    if (blocks_for(total) > num_blocks)
-      throw core::InputError(what + ": needs " + std::to_string(total) + " tokens of KV cache but the pool holds " +
-                             std::to_string(num_blocks * opt.block_size) +
-                             " (raise --gpu-memory-fraction or shorten the request)");
-  }
-
-  void release(Sequence& s) {
-    free_blocks.insert(free_blocks.end(), s.blocks.rbegin(), s.blocks.rend());
-    s.blocks.clear();
   }
 
   int32_t slot_of(const Sequence& s, int64_t pos) const {
@@ -286,10 +282,11 @@ struct CudaEngine::Impl {
            static_cast<int32_t>(pos % opt.block_size);
   }
 
-  // The transformer layers over `n` packed rows whose metadata is on the device. Prefill
-  // attends within each of `b` sequences (none longer than `max_len`); decode reads each
-  // sequence's pages.
-  void layers_forward(int64_t n, int64_t b, bool prefill, int64_t max_len) {
+  // The transformer layers over `n` packed rows whose metadata is on the device: first
+  // `decodes` single-token rows (one per sequence, split-K attention over their pages), then
+  // the rows of `prefills` chunks (tiled attention over their pages, none longer than
+  // max_chunk).
+  void layers_forward(int64_t n, int64_t decodes, int64_t prefills, int64_t max_chunk) {
     const LlamaConfig& c = cfg;
     const int64_t h = c.hidden_size, inter = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -306,18 +303,20 @@ struct CudaEngine::Impl {
                     inv_freq.get(), n, c.head_dim, kAct, *stream);
       kernels::kv_cache_write(k_cache(l), v_cache(l), {k, qkv_width}, {v, qkv_width}, dmeta(meta_at.slots), n,
                               c.num_kv_heads, c.head_dim, kAct, *stream);
-      if (prefill) {
-        kernels::attention_prefill({attn.get(), qd}, {q, qkv_width}, {k, qkv_width}, {v, qkv_width},
-                                   dmeta(meta_at.cu_seqlens), b, max_len, shape, kAct, *stream);
-      } else {
-        const kernels::PagedKv paged{k_cache(l), v_cache(l), dmeta(meta_at.block_table), max_blocks_per_seq,
-                                     opt.block_size};
-        kernels::attention_decode({attn.get(), qd}, {q, qkv_width}, paged, dmeta(meta_at.seq_lens), b, max_seq_len,
-                                  shape, decode_ws.get(), kAct, *stream);
+      const kernels::PagedKv paged{k_cache(l), v_cache(l), dmeta(meta_at.block_table), max_blocks_per_seq,
+                                   opt.block_size};
+      if (decodes > 0)
+        kernels::attention_decode({attn.get(), qd}, {q, qkv_width}, paged, dmeta(meta_at.seq_lens), decodes,
+                                  max_seq_len, shape, decode_ws.get(), kAct, *stream);
+      if (prefills > 0) {
+        kernels::PagedKv rest = paged;
+        rest.block_table += decodes * max_blocks_per_seq;
+        kernels::attention_prefill({attn.get() + decodes * qd, qd}, {q + decodes * qkv_width, qkv_width}, rest,
+                                   dmeta(meta_at.cu_q), dmeta(meta_at.seq_lens) + decodes, prefills, max_chunk, shape,
+                                   kAct, *stream);
       }
       gemm(attn.get(), w(L.o), x.get(), DType::f32, n, h, qd, 1.f);  // x += attn · Woᵀ
-      if (c.o_bias)
-        kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
+      if (c.o_bias) kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
       kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
       gemm(xn.get(), w(L.gate_up), gate_up.get(), kAct, n, 2 * inter, h, 0.f);
       kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
@@ -325,93 +324,84 @@ struct CudaEngine::Impl {
     }
   }
 
-  // Final norm and lm_head for the last row of each sequence, then argmax into meta `next`.
-  void sample_last_rows(int64_t b) {
+  // Final norm and lm_head of the rows listed in meta last_rows, into `logits` [rows, vocab].
+  void logits_of_rows(int64_t rows) {
     const int64_t h = cfg.hidden_size;
-    kernels::embedding(x_last.get(), DType::f32, x.get(), DType::f32, dmeta(meta_at.last_rows), b, h, *stream);
-    kernels::rmsnorm(xn.get(), kAct, x_last.get(), DType::f32, w(final_norm), b, h,
+    kernels::embedding(x_last.get(), DType::f32, x.get(), DType::f32, dmeta(meta_at.last_rows), rows, h, *stream);
+    kernels::rmsnorm(xn.get(), kAct, x_last.get(), DType::f32, w(final_norm), rows, h,
                      static_cast<float>(cfg.rms_norm_eps), *stream);
-    gemm(xn.get(), w(lm_head), logits.get(), DType::f32, b, cfg.vocab_size, h, 0.f);
-    kernels::argmax(dmeta(meta_at.next), logits.get(), b, cfg.vocab_size, DType::f32, *stream);
+    gemm(xn.get(), w(lm_head), logits.get(), DType::f32, rows, cfg.vocab_size, h, 0.f);
   }
 
-  void upload_meta() {
-    GPULAB_CHECK(cudaMemcpyAsync(meta.get(), meta_host.get(), meta_at.total * 4, cudaMemcpyHostToDevice, *stream));
+  void upload_meta(int64_t table_rows) {
+    const size_t count = meta_at.block_table + table_rows * max_blocks_per_seq;
+    GPULAB_CHECK(cudaMemcpyAsync(meta.get(), meta_host.get(), count * 4, cudaMemcpyHostToDevice, *stream));
   }
 
-  // Next token of each sequence, read back after the step.
-  std::vector<int32_t> read_next(int64_t b) {
-    GPULAB_CHECK(cudaMemcpyAsync(hmeta(meta_at.next), dmeta(meta_at.next), b * 4, cudaMemcpyDeviceToHost, *stream));
-    stream->synchronize();
-    return std::vector<int32_t>(hmeta(meta_at.next), hmeta(meta_at.next) + b);
-  }
-
-  // Prefill of fresh sequences (their whole token lists); all_logits: copy every row's logits.
-  std::vector<int32_t> prefill(const std::vector<Sequence*>& seqs, std::vector<float>* all_logits) {
-    const int64_t b = static_cast<int64_t>(seqs.size());
-    int64_t n = 0, max_len = 0;
-    hmeta(meta_at.cu_seqlens)[0] = 0;
-    for (int64_t s = 0; s < b; ++s) {
-      const Sequence& seq = *seqs[s];
-      max_len = std::max(max_len, static_cast<int64_t>(seq.tokens.size()));
-      for (size_t t = 0; t < seq.tokens.size(); ++t, ++n) {
-        hmeta(meta_at.ids)[n] = seq.tokens[t];
-        hmeta(meta_at.positions)[n] = static_cast<int32_t>(t);
-        hmeta(meta_at.slots)[n] = slot_of(seq, t);
-      }
-      hmeta(meta_at.cu_seqlens)[s + 1] = static_cast<int32_t>(n);
-      hmeta(meta_at.last_rows)[s] = static_cast<int32_t>(n - 1);
-    }
-    upload_meta();
-    layers_forward(n, b, true, max_len);
-    if (all_logits) {
-      const int64_t h = cfg.hidden_size, V = cfg.vocab_size;
-      all_logits->resize(n * V);
-      for (int64_t r0 = 0; r0 < n; r0 += logit_rows) {
-        const int64_t rows = std::min(logit_rows, n - r0);
-        kernels::rmsnorm(xn.get(), kAct, x.get() + r0 * h, DType::f32, w(final_norm), rows, h,
-                         static_cast<float>(cfg.rms_norm_eps), *stream);
-        gemm(xn.get(), w(lm_head), logits.get(), DType::f32, rows, V, h, 0.f);
-        GPULAB_CHECK(cudaMemcpyAsync(all_logits->data() + r0 * V, logits.get(), rows * V * 4, cudaMemcpyDeviceToHost,
-                                     *stream));
-        stream->synchronize();
-      }
-    }
-    sample_last_rows(b);
-    return read_next(b);
-  }
-
-  // One decode step: the last token of each sequence. Batches are padded to a power of two
-  // so a few CUDA graphs cover every size; padding rows write no KV and are ignored.
-  std::vector<int32_t> decode(const std::vector<Sequence*>& seqs) {
-    const int64_t b = static_cast<int64_t>(seqs.size());
-    int64_t padded = 1;
-    while (padded < b) padded *= 2;
-    padded = std::min(padded, opt.max_batch);
+  // One forward pass over `pieces` (at most max_batch, at most max_tokens rows in all). Writes
+  // the logits of each piece's last token to out[i · vocab] (for every token when all_rows,
+  // then with a single piece of at most logit_rows), and advances each sequence's cached length.
+  void forward(const std::vector<Piece>& pieces, float* out, bool all_rows) {
+    const int64_t b = static_cast<int64_t>(pieces.size()), V = cfg.vocab_size;
+    // Rows: single-token pieces first (decode attention), then the chunks (prefill attention).
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < b; ++i)
+      if (pieces[i].tokens.size() == 1) order.push_back(i);
+    const int64_t decodes = static_cast<int64_t>(order.size());
+    for (int64_t i = 0; i < b; ++i)
+      if (pieces[i].tokens.size() != 1) order.push_back(i);
+    const bool pure_decode = decodes == b && !all_rows;
+    // Pure decode steps always run max_batch rows: one CUDA graph covers every batch, and each
+    // sequence's tokens do not depend on what it is batched with (the GEMMs see one shape).
+    // Decode is bound by reading the weights, so the padding rows cost little; they write no
+    // KV (slot -1) and read page 0.
+    const int64_t padded = pure_decode ? opt.max_batch : b;
     std::fill_n(hmeta(meta_at.block_table), padded * max_blocks_per_seq, 0);
-    for (int64_t s = 0; s < padded; ++s) {
-      const bool real = s < b;
-      const int64_t pos = real ? static_cast<int64_t>(seqs[s]->tokens.size()) - 1 : 0;
-      hmeta(meta_at.ids)[s] = real ? seqs[s]->tokens.back() : 0;
-      hmeta(meta_at.positions)[s] = static_cast<int32_t>(pos);
-      hmeta(meta_at.slots)[s] = real ? slot_of(*seqs[s], pos) : -1;
-      hmeta(meta_at.seq_lens)[s] = static_cast<int32_t>(pos + 1);
-      hmeta(meta_at.last_rows)[s] = static_cast<int32_t>(s);
-      if (real) std::copy(seqs[s]->blocks.begin(), seqs[s]->blocks.end(), hmeta(meta_at.block_table) + s * max_blocks_per_seq);
+    int64_t n = 0, max_chunk = 0;
+    hmeta(meta_at.cu_q)[0] = 0;
+    for (int64_t j = 0; j < padded; ++j) {
+      if (j >= b) {  // padding
+        hmeta(meta_at.ids)[n] = 0;
+        hmeta(meta_at.positions)[n] = 0;
+        hmeta(meta_at.slots)[n] = -1;
+        hmeta(meta_at.seq_lens)[j] = 1;
+        hmeta(meta_at.last_rows)[j] = static_cast<int32_t>(n);
+        ++n;
+        continue;
+      }
+      const Piece& p = pieces[order[j]];
+      const Sequence& s = *p.seq;
+      const int64_t len = static_cast<int64_t>(p.tokens.size());
+      for (int64_t t = 0; t < len; ++t, ++n) {
+        hmeta(meta_at.ids)[n] = p.tokens[t];
+        hmeta(meta_at.positions)[n] = static_cast<int32_t>(s.kv_len + t);
+        hmeta(meta_at.slots)[n] = slot_of(s, s.kv_len + t);
+        if (all_rows) hmeta(meta_at.last_rows)[n] = static_cast<int32_t>(n);
+      }
+      hmeta(meta_at.seq_lens)[j] = static_cast<int32_t>(s.kv_len + len);
+      if (j >= decodes) {
+        hmeta(meta_at.cu_q)[j - decodes + 1] = static_cast<int32_t>(n - decodes);  // chunk rows follow the decodes
+        max_chunk = std::max(max_chunk, len);
+      }
+      if (!all_rows) hmeta(meta_at.last_rows)[order[j]] = static_cast<int32_t>(n - 1);
+      std::copy(s.blocks.begin(), s.blocks.end(), hmeta(meta_at.block_table) + j * max_blocks_per_seq);
     }
-    upload_meta();
-    auto graph = decode_graphs.find(padded);
-    if (graph != decode_graphs.end()) {
-      GPULAB_CHECK(cudaGraphLaunch(graph->second, *stream));
+    upload_meta(padded);
+    const int64_t rows = all_rows ? n : padded;
+    if (pure_decode && decode_graph) {
+      GPULAB_CHECK(cudaGraphLaunch(decode_graph, *stream));
     } else {
-      layers_forward(padded, padded, false, max_seq_len);
-      sample_last_rows(padded);
-      // After one eager run (cuBLASLt plans made), capture the step for this batch size.
-      if (opt.cuda_graphs && ++decode_runs[padded] == 1) capture_decode(padded);
+      layers_forward(n, decodes == b ? padded : decodes, b - decodes, max_chunk);
+      logits_of_rows(rows);
+      // After one eager run (cuBLASLt plans made), capture the decode step.
+      if (pure_decode && opt.cuda_graphs && !std::exchange(decode_ran_eagerly, true)) capture_decode(padded);
     }
-    std::vector<int32_t> next = read_next(padded);
-    next.resize(b);
-    return next;
+    const int64_t copy_rows = all_rows ? n : b;
+    float* host = all_rows ? out : logits_host.get();
+    GPULAB_CHECK(cudaMemcpyAsync(host, logits.get(), copy_rows * V * 4, cudaMemcpyDeviceToHost, *stream));
+    stream->synchronize();
+    if (!all_rows) std::copy_n(logits_host.get(), b * V, out);
+    for (const Piece& p : pieces) p.seq->kv_len += static_cast<int64_t>(p.tokens.size());
   }
 
   void capture_decode(int64_t padded) {
@@ -419,8 +409,8 @@ struct CudaEngine::Impl {
     cudaGraph_t graph = nullptr;
     GPULAB_CHECK(cudaStreamBeginCapture(*stream, cudaStreamCaptureModeThreadLocal));
     try {
-      layers_forward(padded, padded, false, max_seq_len);
-      sample_last_rows(padded);
+      layers_forward(padded, padded, 0, 0);
+      logits_of_rows(padded);
     } catch (...) {
       cudaStreamEndCapture(*stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -431,13 +421,14 @@ struct CudaEngine::Impl {
     const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
     GPULAB_CHECK(cudaGraphDestroy(graph));
     GPULAB_CHECK(status);
-    decode_graphs[padded] = exec;
+    decode_graph = exec;
   }
 
-  static bool finished(const Sequence& s, const LlamaConfig& cfg) {
-    const int64_t generated = static_cast<int64_t>(s.tokens.size() - s.prompt_len);
-    if (generated >= s.max_new) return true;
-    return s.stop_at_eos && std::count(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), s.tokens.back());
+  Sequence& sequence(SeqId id) {
+    std::lock_guard lock(mutex);
+    auto it = sequences.find(id);
+    if (it == sequences.end()) throw core::Error("CudaEngine: unknown sequence " + std::to_string(id));
+    return it->second;
   }
 };
 
@@ -450,14 +441,15 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   const LlamaConfig& c = m.cfg;
   if (options.gpu_memory_fraction <= 0 || options.gpu_memory_fraction > 1)
     throw core::InputError("--gpu-memory-fraction must be in (0, 1]");
-  if (options.max_batch < 1 || options.block_size < 1) throw core::InputError("max batch and block size must be positive");
-  m.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : std::min<int64_t>(c.max_position_embeddings, 8192);
+  if (options.max_batch < 1 || options.block_size < 1 || options.max_step_tokens < 1)
+    throw core::InputError("max batch, max step tokens and block size must be positive");
+  m.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : std::min<int64_t>(c.max_position_embeddings, 32768);
   if (m.max_seq_len > c.max_position_embeddings)
     throw core::InputError("--max-seq-len " + std::to_string(m.max_seq_len) + " exceeds the model's " +
                            std::to_string(c.max_position_embeddings) + " positions");
-  m.max_tokens = std::max(m.max_seq_len, options.max_batch);
+  m.max_tokens = std::max(options.max_step_tokens, options.max_batch);
+  m.logit_rows = std::min(m.max_tokens, std::max<int64_t>(options.max_batch, 256));
   m.max_blocks_per_seq = m.blocks_for(m.max_seq_len);
-  m.logit_rows = 256;
   m.qd = c.q_dim();
   m.kvd = c.kv_dim();
   m.qkv_width = m.qd + 2 * m.kvd;
@@ -492,90 +484,123 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
 CudaEngine::~CudaEngine() = default;
 
 const LlamaConfig& CudaEngine::config() const { return impl_->cfg; }
+int64_t CudaEngine::max_batch() const { return impl_->opt.max_batch; }
+// The most one sequence can hold: the pool, or the max sequence length when that is less (so
+// the scheduler refuses longer requests up front).
+int64_t CudaEngine::kv_capacity_tokens() const {
+  return std::min(impl_->num_blocks * impl_->opt.block_size, impl_->max_seq_len);
+}
+
+int64_t CudaEngine::kv_free_tokens() const {
+  std::lock_guard lock(impl_->mutex);
+  return static_cast<int64_t>(impl_->free_blocks.size()) * impl_->opt.block_size;
+}
 
 CudaEngine::Capacity CudaEngine::capacity() const {
   const Impl& m = *impl_;
-  return {m.num_blocks, m.opt.block_size, m.opt.max_batch, m.max_seq_len, m.weight_bytes, m.buffer_bytes, m.kv.bytes()};
+  return {m.num_blocks, m.opt.block_size, m.max_seq_len, m.weight_bytes, m.buffer_bytes, m.kv.bytes()};
+}
+
+std::optional<SeqId> CudaEngine::open(int64_t max_tokens) {
+  Impl& m = *impl_;
+  if (max_tokens < 1 || max_tokens > m.max_seq_len)
+    throw core::InputError("a sequence of " + std::to_string(max_tokens) +
+                           " tokens exceeds the engine's max sequence length " + std::to_string(m.max_seq_len) +
+                           " (raise --max-seq-len, up to the model's " + std::to_string(m.cfg.max_position_embeddings) +
+                           ")");
+  const int64_t need = m.blocks_for(max_tokens);
+  if (need > m.num_blocks)
+    throw core::InputError("a sequence of " + std::to_string(max_tokens) + " tokens needs more KV cache than the " +
+                           std::to_string(m.num_blocks * m.opt.block_size) +
+                           " tokens the pool holds (raise --gpu-memory-fraction or shorten the request)");
+  std::lock_guard lock(m.mutex);
+  if (need > static_cast<int64_t>(m.free_blocks.size())) return std::nullopt;
+  Sequence s;
+  s.reserved = max_tokens;
+  s.blocks.assign(m.free_blocks.end() - need, m.free_blocks.end());
+  m.free_blocks.resize(m.free_blocks.size() - need);
+  const SeqId id = m.next_id++;
+  m.sequences.emplace(id, std::move(s));
+  return id;
+}
+
+void CudaEngine::close(SeqId seq) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  auto it = m.sequences.find(seq);
+  if (it == m.sequences.end()) return;
+  m.free_blocks.insert(m.free_blocks.end(), it->second.blocks.rbegin(), it->second.blocks.rend());
+  m.sequences.erase(it);
+}
+
+void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks,
+                      std::span<float> logits) {
+  Impl& m = *impl_;
+  const int64_t V = m.cfg.vocab_size;
+  if (chunks.size() != seqs.size() || logits.size() < seqs.size() * static_cast<size_t>(V))
+    throw core::Error("CudaEngine::step: sizes of seqs, chunks and logits disagree");
+  if (static_cast<int64_t>(seqs.size()) > m.opt.max_batch)
+    throw core::Error("CudaEngine::step: more sequences than max_batch");
+  struct Pending {
+    Piece rest;
+    size_t index;
+  };
+  std::vector<Pending> pending;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence& s = m.sequence(seqs[i]);
+    if (chunks[i].empty()) throw core::Error("CudaEngine::step: an empty chunk");
+    if (s.kv_len + static_cast<int64_t>(chunks[i].size()) > s.reserved)
+      throw core::Error("CudaEngine::step: sequence grew past the length it reserved");
+    for (int32_t id : chunks[i])
+      if (id < 0 || id >= V)
+        throw core::InputError("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                               std::to_string(V) + ")");
+    pending.push_back({{&s, chunks[i]}, i});
+  }
+  // A step longer than max_tokens rows runs as several passes; a chunk cut between passes
+  // continues from its cached part, and only a chunk's final piece yields logits.
+  std::vector<float> piece_logits;
+  while (!pending.empty()) {
+    std::vector<Piece> pieces;
+    std::vector<size_t> finishing;  // positions in `pieces` of chunks that end in this pass
+    int64_t budget = m.max_tokens;
+    for (Pending& p : pending) {
+      if (budget == 0) break;
+      const int64_t take = std::min<int64_t>(budget, static_cast<int64_t>(p.rest.tokens.size()));
+      pieces.push_back({p.rest.seq, p.rest.tokens.first(take)});
+      p.rest.tokens = p.rest.tokens.subspan(take);
+      budget -= take;
+    }
+    piece_logits.resize(pieces.size() * V);
+    m.forward(pieces, piece_logits.data(), false);
+    for (size_t j = 0; j < pieces.size(); ++j)
+      if (pending[j].rest.tokens.empty())
+        std::copy_n(piece_logits.data() + j * V, V, logits.data() + pending[j].index * V);
+    std::erase_if(pending, [](const Pending& p) { return p.rest.tokens.empty(); });
+  }
 }
 
 std::vector<float> CudaEngine::logits(std::span<const int32_t> ids) {
   Impl& m = *impl_;
-  Sequence seq;
-  seq.tokens.assign(ids.begin(), ids.end());
-  seq.prompt_len = seq.tokens.size();
-  m.check_fits(seq.tokens, 0, "logits");
-  for (int64_t i = 0; i < m.blocks_for(static_cast<int64_t>(ids.size())); ++i) {
-    seq.blocks.push_back(m.free_blocks.back());
-    m.free_blocks.pop_back();
-  }
-  std::vector<float> out;
+  const int64_t T = static_cast<int64_t>(ids.size()), V = m.cfg.vocab_size;
+  if (T == 0) throw core::InputError("logits: no token ids");
+  for (int32_t id : ids)
+    if (id < 0 || id >= V)
+      throw core::InputError("token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  const std::optional<SeqId> id = open(T);
+  if (!id) throw core::InputError("logits: the KV cache has no room for " + std::to_string(T) + " tokens now");
+  std::vector<float> out(T * V);
   try {
-    m.prefill({&seq}, &out);
-  } catch (...) {
-    m.release(seq);
-    throw;
-  }
-  m.release(seq);
-  return out;
-}
-
-std::vector<std::vector<int32_t>> CudaEngine::generate_greedy(const std::vector<GenerationRequest>& requests) {
-  Impl& m = *impl_;
-  std::vector<Sequence> seqs(requests.size());
-  std::deque<size_t> waiting;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    m.check_fits(requests[i].prompt, requests[i].max_new_tokens, "request " + std::to_string(i));
-    seqs[i].tokens = requests[i].prompt;
-    seqs[i].prompt_len = requests[i].prompt.size();
-    seqs[i].max_new = requests[i].max_new_tokens;
-    seqs[i].stop_at_eos = requests[i].stop_at_eos;
-    if (seqs[i].max_new > 0) waiting.push_back(i);
-  }
-  std::vector<size_t> running;
-  try {
-    while (!waiting.empty() || !running.empty()) {
-      // Admit waiting requests while a batch slot, their pages and prefill rows are free.
-      std::vector<size_t> admitted;
-      int64_t rows = 0;
-      while (!waiting.empty() && static_cast<int64_t>(running.size() + admitted.size()) < m.opt.max_batch) {
-        Sequence& s = seqs[waiting.front()];
-        const int64_t need = m.blocks_for(static_cast<int64_t>(s.prompt_len) + s.max_new);
-        if (need > static_cast<int64_t>(m.free_blocks.size()) || rows + static_cast<int64_t>(s.prompt_len) > m.max_tokens)
-          break;
-        for (int64_t b = 0; b < need; ++b) {
-          s.blocks.push_back(m.free_blocks.back());
-          m.free_blocks.pop_back();
-        }
-        rows += static_cast<int64_t>(s.prompt_len);
-        admitted.push_back(waiting.front());
-        waiting.pop_front();
-      }
-      std::vector<size_t>& stepping = admitted.empty() ? running : admitted;
-      if (stepping.empty()) throw core::Error("scheduler stalled: no request can start");  // check_fits prevents this
-      std::vector<Sequence*> batch;
-      for (size_t i : stepping) batch.push_back(&seqs[i]);
-      const std::vector<int32_t> next = admitted.empty() ? m.decode(batch) : m.prefill(batch, nullptr);
-      std::vector<size_t> still;
-      for (size_t j = 0; j < stepping.size(); ++j) {
-        Sequence& s = seqs[stepping[j]];
-        s.tokens.push_back(next[j]);
-        if (Impl::finished(s, m.cfg))
-          m.release(s);
-        else
-          still.push_back(stepping[j]);
-      }
-      if (admitted.empty()) {
-        running = std::move(still);
-      } else {
-        running.insert(running.end(), still.begin(), still.end());
-      }
+    Sequence& s = m.sequence(*id);
+    for (int64_t t0 = 0; t0 < T; t0 += m.logit_rows) {  // passes over the cached past
+      const int64_t n = std::min(m.logit_rows, T - t0);
+      m.forward({{&s, ids.subspan(t0, n)}}, out.data() + t0 * V, true);
     }
   } catch (...) {
-    for (Sequence& s : seqs) m.release(s);
+    close(*id);
     throw;
   }
-  std::vector<std::vector<int32_t>> out(requests.size());
-  for (size_t i = 0; i < seqs.size(); ++i) out[i].assign(seqs[i].tokens.begin() + seqs[i].prompt_len, seqs[i].tokens.end());
+  close(*id);
   return out;
 }
 

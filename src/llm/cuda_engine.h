@@ -1,8 +1,8 @@
 // The CUDA inference engine for LLaMA-family models: bf16 weights uploaded once (q/k/v and
 // gate/up fused at load), float32 residual stream and accumulation, cuBLASLt GEMMs, a paged KV
-// cache sized from free memory, batched prefill and decode with continuous batching, and CUDA
-// graphs for decode steps. Every buffer is sized up front; a request that cannot fit is
-// refused with an InputError before any work starts.
+// cache sized from free memory, mixed steps of prefill chunks and decode tokens (driven by the
+// Scheduler through the Engine interface), and CUDA graphs for pure decode steps. Every
+// buffer is sized up front; a sequence that cannot fit is refused before any work starts.
 #pragma once
 
 #include <cstdint>
@@ -10,48 +10,45 @@
 #include <span>
 #include <vector>
 
-#include "llm/config.h"
-#include "llm/weights.h"
+#include "llm/engine.h"
 
 namespace gpulab::llm {
 
 struct EngineOptions {
   double gpu_memory_fraction = 0.9;  // of the GPU's total memory, for weights + buffers + KV cache
-  int64_t max_batch = 64;            // sequences decoded together
-  int64_t max_seq_len = 0;           // prompt + generated tokens; 0: min(max_position_embeddings, 8192)
+  int64_t max_batch = 64;            // sequences in one step
+  int64_t max_seq_len = 0;           // prompt + generated tokens; 0: min(max_position_embeddings, 32768)
+  int64_t max_step_tokens = 4096;    // rows of one forward pass; longer steps run in pieces
   int64_t max_kv_tokens = 0;         // cap on the KV pool; 0: as much as memory allows
   int64_t block_size = 16;           // tokens per KV page
-  bool cuda_graphs = true;           // replay decode steps from CUDA graphs
+  bool cuda_graphs = true;           // replay pure decode steps from CUDA graphs
 };
 
-struct GenerationRequest {
-  std::vector<int32_t> prompt;
-  int64_t max_new_tokens = 0;
-  bool stop_at_eos = false;
-};
-
-class CudaEngine {
+class CudaEngine final : public Engine {
  public:
   // Throws core::NoDeviceError without a GPU, core::InputError when the model or its buffers
   // do not fit in gpu_memory_fraction of the GPU.
   CudaEngine(const WeightSource& weights, const EngineOptions& options = {});
-  ~CudaEngine();
-  CudaEngine(const CudaEngine&) = delete;
-  CudaEngine& operator=(const CudaEngine&) = delete;
+  ~CudaEngine() override;
 
-  const LlamaConfig& config() const;
+  const LlamaConfig& config() const override;
+  const char* device_name() const override { return "cuda"; }
+  int64_t max_batch() const override;
+  // min(KV pool, max sequence length): the most one sequence can hold.
+  int64_t kv_capacity_tokens() const override;
+  int64_t kv_free_tokens() const override;
+  // Throws core::InputError when max_tokens exceeds the engine's max sequence length.
+  std::optional<SeqId> open(int64_t max_tokens) override;
+  void close(SeqId seq) override;
+  void step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks,
+            std::span<float> logits) override;
 
-  // Logits [ids.size(), vocab] in float32 for one prompt.
+  // Logits [ids.size(), vocab] in float32 of every position of one prompt.
   std::vector<float> logits(std::span<const int32_t> ids);
-
-  // Greedy continuations of every request, batched continuously: a request starts as soon as
-  // a batch slot and its KV pages are free. Returns the generated tokens of each request.
-  std::vector<std::vector<int32_t>> generate_greedy(const std::vector<GenerationRequest>& requests);
 
   struct Capacity {
     int64_t kv_blocks = 0;
     int64_t block_size = 0;
-    int64_t max_batch = 0;
     int64_t max_seq_len = 0;
     size_t weight_bytes = 0;
     size_t buffer_bytes = 0;

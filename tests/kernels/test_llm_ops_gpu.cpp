@@ -152,31 +152,77 @@ struct AttentionCase {
 };
 constexpr AttentionCase kAttentionCases[] = {{32, 4, 2}, {64, 8, 8}, {128, 32, 8}, {128, 64, 8}, {256, 4, 1}};
 
-TEST(KernelsLlmGpu, PrefillAttentionCausalGqaPacked) {
+// Sequences whose keys/values live in randomly placed pages of a cache, with a reference
+// gather of each sequence's first `len` positions into contiguous rows.
+struct PagedCache {
+  int64_t block_size, max_blocks, total_blocks;
+  std::vector<int32_t> table;
+  core::DeviceBuffer<int32_t> d_table;
+
+  PagedCache(const std::vector<int32_t>& lens, int64_t block_size_, std::mt19937& rng) : block_size(block_size_) {
+    const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+    max_blocks = (max_len + block_size - 1) / block_size;
+    total_blocks = 5;  // pages nobody owns
+    for (int32_t l : lens) total_blocks += (l + block_size - 1) / block_size;
+    std::vector<int32_t> pages(total_blocks);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    table.assign(lens.size() * max_blocks, -1);
+    for (size_t s = 0, next = 0; s < lens.size(); ++s)
+      for (int64_t b = 0; b < (lens[s] + block_size - 1) / block_size; ++b) table[s * max_blocks + b] = pages[next++];
+    d_table = core::DeviceBuffer<int32_t>(table.size());
+    GPULAB_CHECK(cudaMemcpy(d_table.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  }
+  int64_t slot(size_t seq, int64_t pos) const {
+    return table[seq * max_blocks + pos / block_size] * block_size + pos % block_size;
+  }
+  std::vector<float> gather(const std::vector<float>& cache, size_t seq, int64_t len, int64_t width) const {
+    std::vector<float> rows(len * width);
+    for (int64_t p = 0; p < len; ++p) std::copy_n(cache.data() + slot(seq, p) * width, width, rows.data() + p * width);
+    return rows;
+  }
+};
+
+core::DeviceBuffer<int32_t> upload_ints(const std::vector<int32_t>& v) {
+  core::DeviceBuffer<int32_t> d(v.size());
+  GPULAB_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::string case_label(const char* what, const AttentionCase& c, DType dt) {
+  return std::string(what) + " d " + std::to_string(c.head_dim) + " heads " + std::to_string(c.q_heads) + "/" +
+         std::to_string(c.kv_heads) + " " + dtype_label(dt);
+}
+
+TEST(KernelsLlmGpu, PrefillAttentionChunksOverShuffledPages) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(16);
-  const std::vector<int32_t> lens = {1, 77, 200, 64};
+  // (query rows, cached length including them): whole prompts, chunks after a cached past, a
+  // single query with a past, a chunk one position short of a page boundary.
+  const std::vector<int32_t> q_lens = {1, 77, 200, 64, 1, 130, 15};
+  const std::vector<int32_t> kv_lens = {1, 77, 200, 300, 50, 131, 47};
   std::vector<int32_t> cu = {0};
-  for (int32_t l : lens) cu.push_back(cu.back() + l);
-  const int64_t tokens = cu.back();
-  core::DeviceBuffer<int32_t> d_cu(cu.size());
-  GPULAB_CHECK(cudaMemcpy(d_cu.get(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+  for (int32_t l : q_lens) cu.push_back(cu.back() + l);
+  const int64_t tokens = cu.back(), num_seqs = q_lens.size();
+  const PagedCache pages(kv_lens, 16, rng);
+  auto d_cu = upload_ints(cu), d_kv_lens = upload_ints(kv_lens);
   for (const AttentionCase& c : kAttentionCases)
     for (DType dt : {DType::bf16, DType::f32}) {
       const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-      const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim, width = qd + 2 * kvd;
-      DeviceTensor qkv(uniform(tokens * width, rng, -2, 2), dt);
+      const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim, q_stride = qd + 2 * kvd;
+      DeviceTensor q(uniform(tokens * q_stride, rng, -2, 2), dt);  // queries inside fused QKV rows
+      DeviceTensor k_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
+      DeviceTensor v_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
       const int64_t out_stride = qd + 8;  // a padded output: rows need not be packed
       auto out = DeviceTensor::poisoned(tokens * out_stride, dt);
-      const size_t es = core::dtype_size(dt);
-      auto* base = static_cast<const std::byte*>(qkv.get());
-      attention_prefill({out.get(), out_stride}, {base, width}, {base + qd * es, width}, {base + (qd + kvd) * es, width},
-                        d_cu.get(), lens.size(), 200, shape, dt, nullptr);
+      const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, 16};
+      attention_prefill({out.get(), out_stride}, {q.get(), q_stride}, kv, d_cu.get(), d_kv_lens.get(), num_seqs, 200,
+                        shape, dt, nullptr);
       std::vector<float> want(tokens * out_stride, 0.f);
-      for (size_t s = 0; s < lens.size(); ++s) {
-        const float* row = qkv.host.data() + cu[s] * width;
-        attention_ref(want.data() + cu[s] * out_stride, out_stride, row, width, row + qd, row + qd + kvd, width, lens[s], 0,
-                      shape, 4);
+      for (int64_t s = 0; s < num_seqs; ++s) {
+        const auto k = pages.gather(k_cache.host, s, kv_lens[s], kvd), v = pages.gather(v_cache.host, s, kv_lens[s], kvd);
+        attention_ref(want.data() + cu[s] * out_stride, out_stride, q.host.data() + cu[s] * q_stride, q_stride, k.data(),
+                      v.data(), kvd, q_lens[s], kv_lens[s] - q_lens[s], shape, 4);
       }
       std::vector<float> got = out.download(), got_rows, want_rows;
       for (int64_t t = 0; t < tokens; ++t)
@@ -188,60 +234,40 @@ TEST(KernelsLlmGpu, PrefillAttentionCausalGqaPacked) {
             EXPECT_TRUE(std::isnan(got[t * out_stride + i])) << "padding written at row " << t;
           }
         }
-      expect_close(got_rows, want_rows, dt == DType::f32 ? 2e-5f : 2e-3f, rtol_for(dt),
-                   "prefill d " + std::to_string(c.head_dim) + " heads " + std::to_string(c.q_heads) + "/" +
-                       std::to_string(c.kv_heads) + " " + dtype_label(dt));
+      expect_close(got_rows, want_rows, dt == DType::f32 ? 2e-5f : 2e-3f, rtol_for(dt), case_label("prefill", c, dt));
     }
 }
 
 TEST(KernelsLlmGpu, DecodeAttentionOverShuffledPages) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(17);
-  const std::vector<int32_t> lens = {1, 255, 256, 700, 33};
-  const int64_t block_size = 16, num_seqs = lens.size(), max_len = 700;
-  const int64_t max_blocks = (max_len + block_size - 1) / block_size;
-  int64_t total_blocks = 0;
-  for (int32_t l : lens) total_blocks += (l + block_size - 1) / block_size;
-  total_blocks += 5;  // pages nobody owns
-  // Each sequence owns a random, non-contiguous set of pages.
-  std::vector<int32_t> pages(total_blocks);
-  std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), rng);
-  std::vector<int32_t> table(num_seqs * max_blocks, -1);
-  for (int64_t s = 0, next = 0; s < num_seqs; ++s)
-    for (int64_t b = 0; b < (lens[s] + block_size - 1) / block_size; ++b) table[s * max_blocks + b] = pages[next++];
-  core::DeviceBuffer<int32_t> d_table(table.size()), d_lens(num_seqs);
-  GPULAB_CHECK(cudaMemcpy(d_table.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-  GPULAB_CHECK(cudaMemcpy(d_lens.get(), lens.data(), num_seqs * 4, cudaMemcpyHostToDevice));
-
+  // 5000 positions are 20 splits: more than the blocks per (kv head, sequence), so blocks loop.
+  const std::vector<int32_t> lens = {1, 255, 256, 700, 33, 5000};
+  const int64_t num_seqs = lens.size(), max_len = 5000;
+  const PagedCache pages(lens, 16, rng);
+  auto d_lens = upload_ints(lens);
   for (const AttentionCase& c : kAttentionCases)
     for (DType dt : {DType::bf16, DType::f32}) {
       const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
       const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
-      DeviceTensor k_cache(uniform(total_blocks * block_size * kvd, rng, -2, 2), dt);
-      DeviceTensor v_cache(uniform(total_blocks * block_size * kvd, rng, -2, 2), dt);
+      DeviceTensor k_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
+      DeviceTensor v_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
       const int64_t q_stride = qd + 2 * kvd;  // queries inside a fused QKV row
       DeviceTensor q(uniform(num_seqs * q_stride, rng, -2, 2), dt);
       auto out = DeviceTensor::poisoned(num_seqs * qd, dt);
       core::DeviceBuffer<std::byte> ws(attention_decode_workspace(num_seqs, max_len, shape));
       GPULAB_CHECK(cudaMemset(ws.get(), 0xFF, ws.bytes()));
-      const PagedKv kv{k_cache.get(), v_cache.get(), d_table.get(), max_blocks, block_size};
+      const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, 16};
       attention_decode({out.get(), qd}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(), dt,
                        nullptr);
       std::vector<float> want(num_seqs * qd);
       for (int64_t s = 0; s < num_seqs; ++s) {
-        std::vector<float> k(lens[s] * kvd), v(lens[s] * kvd);
-        for (int64_t p = 0; p < lens[s]; ++p) {
-          const int64_t slot = table[s * max_blocks + p / block_size] * block_size + p % block_size;
-          std::copy_n(k_cache.host.data() + slot * kvd, kvd, k.data() + p * kvd);
-          std::copy_n(v_cache.host.data() + slot * kvd, kvd, v.data() + p * kvd);
-        }
+        const auto k = pages.gather(k_cache.host, s, lens[s], kvd), v = pages.gather(v_cache.host, s, lens[s], kvd);
         attention_ref(want.data() + s * qd, qd, q.host.data() + s * q_stride, q_stride, k.data(), v.data(), kvd, 1,
                       lens[s] - 1, shape, 4);
       }
       expect_close(out.download(), round_all(want, dt), dt == DType::f32 ? 2e-5f : 2e-3f, rtol_for(dt),
-                   "decode d " + std::to_string(c.head_dim) + " heads " + std::to_string(c.q_heads) + "/" +
-                       std::to_string(c.kv_heads) + " " + dtype_label(dt));
+                   case_label("decode", c, dt));
     }
 }
 

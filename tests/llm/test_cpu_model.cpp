@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -113,6 +115,29 @@ class BrokenCheckpoint : public ::testing::Test {
     core::write_safetensors(dir_ / "model.safetensors", out);
   }
 
+  // Rewrites model.safetensors with every tensor converted to `dt` (fp32 or fp16).
+  void convert_weights(core::DType dt) {
+    const core::SafetensorsFile orig(testing::fixture_dir("llama_tiny") / "model.safetensors");
+    std::vector<std::vector<uint8_t>> storage;
+    std::vector<core::TensorToWrite> out;
+    for (const auto& t : orig.tensors()) {
+      const auto src = orig.data(t);
+      std::vector<uint8_t> bytes(t.numel() * core::dtype_size(dt));
+      for (uint64_t i = 0; i < t.numel(); ++i) {
+        const float v = static_cast<float>(core::load_as_double(src.data(), t.dtype, i));
+        if (dt == core::DType::f32) {
+          std::memcpy(bytes.data() + 4 * i, &v, 4);
+        } else {
+          const uint16_t h = core::float_to_f16_bits(v);
+          std::memcpy(bytes.data() + 2 * i, &h, 2);
+        }
+      }
+      storage.push_back(std::move(bytes));
+      out.push_back({t.name, dt, t.shape, storage.back()});
+    }
+    core::write_safetensors(dir_ / "model.safetensors", out);
+  }
+
   void edit_config(const std::function<void(nlohmann::json&)>& edit) {
     std::ifstream in(dir_ / "config.json");
     auto j = nlohmann::json::parse(in);
@@ -134,6 +159,21 @@ class BrokenCheckpoint : public ::testing::Test {
 };
 
 TEST_F(BrokenCheckpoint, IntactCopyLoads) { EXPECT_NO_THROW(WeightSource::from_checkpoint(dir_)); }
+
+TEST_F(BrokenCheckpoint, Fp32AndFp16WeightsLoad) {
+  const std::vector<int32_t> ids = {5, 900, 17, 42, 1023, 0, 311, 8, 8};
+  const std::vector<float> want = CpuModel(WeightSource::from_checkpoint(dir_)).logits(ids);
+  convert_weights(core::DType::f32);  // bf16 -> fp32 is exact: the same logits, bit for bit
+  EXPECT_EQ(CpuModel(WeightSource::from_checkpoint(dir_)).logits(ids), want);
+  convert_weights(core::DType::f16);  // fp16 rounds the smallest weights: close
+  const std::vector<float> got = CpuModel(WeightSource::from_checkpoint(dir_)).logits(ids);
+  float max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_ref = std::max(max_ref, std::abs(want[i]));
+    max_err = std::max(max_err, std::abs(got[i] - want[i]));
+  }
+  EXPECT_LE(max_err, 1e-3f * max_ref);
+}
 
 TEST_F(BrokenCheckpoint, MissingTensorIsNamed) {
   rewrite_weights("model.layers.1.mlp.down_proj.weight");

@@ -1,11 +1,9 @@
 // The CUDA engine against the transformers fixtures and against itself: logits within the bf16
-// tolerance of the float32 reference, greedy decoding independent of batching, and requests
-// that cannot fit refused with a clear error.
+// tolerance of the float32 reference, chunked and multi-pass prefill, greedy decoding through
+// the scheduler independent of batching, and requests that cannot fit refused clearly.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "common/gpu.h"
@@ -13,21 +11,23 @@
 #include "llm/cpu_model.h"
 #include "llm/cuda_engine.h"
 #include "llm/fixtures.h"
+#include "llm/scheduler.h"
+#include "llm/tokenizer.h"
 
 namespace gpulab::llm {
 namespace {
 
 struct Agreement {
   double rel_l2;
-  double top1;
+  int64_t top1_agree, rows;
 };
 
 Agreement compare_logits(const std::vector<float>& got, const std::vector<float>& want, int64_t vocab) {
   double num = 0, den = 0;
-  int64_t agree = 0;
   const int64_t rows = static_cast<int64_t>(want.size()) / vocab;
+  int64_t agree = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return {INFINITY, 0};
+    if (!std::isfinite(got[i])) return {INFINITY, 0, rows};
     num += (got[i] - want[i]) * double(got[i] - want[i]);
     den += want[i] * double(want[i]);
   }
@@ -36,7 +36,7 @@ Agreement compare_logits(const std::vector<float>& got, const std::vector<float>
     const float* w = want.data() + r * vocab;
     agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
   }
-  return {std::sqrt(num / den), double(agree) / rows};
+  return {std::sqrt(num / den), agree, rows};
 }
 
 // Engines in these tests keep a modest KV pool, so several can live at once.
@@ -45,54 +45,115 @@ EngineOptions modest(EngineOptions opt = {}) {
   return opt;
 }
 
-class CudaEngineFixture : public ::testing::TestWithParam<std::string> {};
+WeightSource tiny() { return WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny")); }
 
-TEST_P(CudaEngineFixture, LogitsMatchTransformersFp32) {
-  GPULAB_REQUIRE_GPU();
-  CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir(GetParam())), modest());
-  const auto cases = testing::load_fixture_cases(GetParam());
-  int64_t rows = 0, agree_rows = 0;
+void expect_near_fixture(CudaEngine& engine, const std::string& fixture) {
+  const auto cases = testing::load_fixture_cases(fixture);
+  int64_t rows = 0, agree = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::vector<float> got = engine.logits(cases[i].ids);
     ASSERT_EQ(got.size(), cases[i].logits.size()) << "case " << i;
     const Agreement a = compare_logits(got, cases[i].logits, 1024);
     EXPECT_LE(a.rel_l2, 2e-2) << "case " << i;
-    rows += cases[i].ids.size();
-    agree_rows += std::llround(a.top1 * cases[i].ids.size());
-    std::printf("case %zu: rel L2 %.2e, top-1 %.1f%%\n", i, a.rel_l2, 100 * a.top1);
+    rows += a.rows;
+    agree += a.top1_agree;
+    std::printf("%s case %zu: rel L2 %.2e, top-1 %lld/%lld\n", fixture.c_str(), i, a.rel_l2, (long long)a.top1_agree,
+                (long long)a.rows);
   }
-  EXPECT_GE(double(agree_rows) / rows, 0.98) << agree_rows << " of " << rows << " positions agree on top-1";
+  EXPECT_GE(double(agree) / rows, 0.98) << agree << " of " << rows << " positions agree on top-1";
+}
+
+class CudaEngineFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaEngineFixture, LogitsMatchTransformersFp32) {
+  GPULAB_REQUIRE_GPU();
+  CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir(GetParam())), modest());
+  expect_near_fixture(engine, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngineFixture, ::testing::Values("llama_tiny", "llama_tiny_sharded"));
 
-// 16 different prompts: the fixture prompts and random ones of varied lengths.
-std::vector<GenerationRequest> sixteen_requests(int64_t max_new) {
-  std::vector<GenerationRequest> reqs;
-  for (const auto& c : testing::load_fixture_cases("llama_tiny")) reqs.push_back({c.ids, max_new});
-  std::mt19937 rng(5);
-  while (reqs.size() < 16) {
-    std::vector<int32_t> ids(std::uniform_int_distribution<int>(1, 90)(rng));
-    for (auto& id : ids) id = std::uniform_int_distribution<int32_t>(0, 1023)(rng);
-    reqs.push_back({ids, max_new});
-  }
-  return reqs;
+TEST(CudaEngine, MultiPassPrefillMatchesTheFixtureToo) {
+  GPULAB_REQUIRE_GPU();
+  EngineOptions opt;
+  opt.max_step_tokens = 16;  // the 141-token prompt runs in 9 passes, each over the cached past
+  opt.max_batch = 4;
+  CudaEngine engine(tiny(), modest(opt));
+  expect_near_fixture(engine, "llama_tiny");
 }
 
-std::vector<std::vector<int32_t>> one_at_a_time(CudaEngine& engine, const std::vector<GenerationRequest>& reqs) {
-  std::vector<std::vector<int32_t>> out;
-  for (const auto& r : reqs) out.push_back(engine.generate_greedy({r})[0]);
+TEST(CudaEngine, ChunkedStepsGiveTheLogitsOfOneForward) {
+  GPULAB_REQUIRE_GPU();
+  CudaEngine engine(tiny(), modest());
+  const auto cases = testing::load_fixture_cases("llama_tiny");
+  const std::vector<int32_t>& ids = cases[4].ids;  // 141 tokens
+  const std::vector<float> full = engine.logits(ids);
+  const int64_t V = 1024, T = static_cast<int64_t>(ids.size());
+  const std::vector<float> last(full.end() - V, full.end());
+  // Chunks of 1, 7, 64 and the rest: single-token steps take the decode path.
+  const auto seq = engine.open(T);
+  ASSERT_TRUE(seq);
+  std::vector<float> logits(V);
+  size_t fed = 0;
+  for (size_t n : {size_t{1}, size_t{7}, size_t{64}, ids.size() - 72}) {
+    const SeqId s[1] = {*seq};
+    const std::span<const int32_t> chunk[1] = {std::span(ids).subspan(fed, n)};
+    engine.step(s, chunk, logits);
+    fed += n;
+  }
+  engine.close(*seq);
+  const Agreement a = compare_logits(logits, last, V);
+  EXPECT_LE(a.rel_l2, 5e-3);
+  EXPECT_EQ(a.top1_agree, 1);
+  EXPECT_EQ(engine.kv_free_tokens(), engine.capacity().kv_blocks * engine.capacity().block_size);  // every page back
+}
+
+// Greedy continuations through the scheduler (continuous batching), stop tokens ignored.
+std::vector<std::vector<int32_t>> greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                         int64_t max_new, SchedulerOptions options = {}) {
+  static const Tokenizer tokenizer = Tokenizer::from_file(testing::fixture_dir("llama_tiny") / "tokenizer.json");
+  Scheduler scheduler(engine, tokenizer, options);
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.prompt = prompts[i];
+    r.max_new_tokens = max_new;
+    r.stop_at_eos = false;
+    r.on_done = [&out, i](const GenerationResult& g) { out[i] = g.tokens; };
+    scheduler.submit(std::move(r));
+  }
+  scheduler.run_until_idle();
   return out;
+}
+
+std::vector<std::vector<int32_t>> one_at_a_time(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                                int64_t max_new) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& p : prompts) out.push_back(greedy(engine, {p}, max_new)[0]);
+  return out;
+}
+
+// 16 different prompts: the fixture prompts and random ones of varied lengths.
+std::vector<std::vector<int32_t>> sixteen_prompts() {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : testing::load_fixture_cases("llama_tiny")) prompts.push_back(c.ids);
+  std::mt19937 rng(5);
+  while (prompts.size() < 16) {
+    std::vector<int32_t> ids(std::uniform_int_distribution<int>(1, 90)(rng));
+    for (auto& id : ids) id = std::uniform_int_distribution<int32_t>(0, 1023)(rng);
+    prompts.push_back(ids);
+  }
+  return prompts;
 }
 
 TEST(CudaEngine, BatchedGreedyEqualsEachAlone) {
   GPULAB_REQUIRE_GPU();
-  CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny")), modest());
-  const auto reqs = sixteen_requests(24);
-  const auto batched = engine.generate_greedy(reqs);
-  const auto alone = one_at_a_time(engine, reqs);
+  CudaEngine engine(tiny(), modest());
+  const auto prompts = sixteen_prompts();
+  const auto batched = greedy(engine, prompts, 24);
+  const auto alone = one_at_a_time(engine, prompts, 24);
   ASSERT_EQ(batched.size(), 16u);
-  for (size_t i = 0; i < reqs.size(); ++i) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(batched[i].size(), 24u);
     EXPECT_EQ(batched[i], alone[i]) << "request " << i;
   }
@@ -104,80 +165,64 @@ TEST(CudaEngine, BatchedGreedyEqualsEachAlone) {
     std::printf("case %zu: first %zu of 24 greedy tokens equal the float32 fixture\n", i, same);
     EXPECT_EQ(batched[i][0], cases[i].greedy[0]) << "case " << i;
   }
+  EXPECT_EQ(engine.kv_free_tokens(), engine.capacity().kv_blocks * engine.capacity().block_size);  // every page back
 }
 
-TEST(CudaEngine, ContinuousBatchingInASmallPoolAndWithoutGraphs) {
+TEST(CudaEngine, ContinuousBatchingInASmallPoolWithChunksAndWithoutGraphs) {
   GPULAB_REQUIRE_GPU();
-  const auto source = WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny"));
-  const auto reqs = sixteen_requests(20);
+  const auto source = tiny();
+  const auto prompts = sixteen_prompts();
   CudaEngine reference(source, modest());
-  const auto alone = one_at_a_time(reference, reqs);
-  // A pool of 320 tokens and 3 batch slots: requests wait for pages and slots, and start
-  // while others are decoding.
+  const auto alone = one_at_a_time(reference, prompts, 20);
+  // A pool of 320 tokens and 3 batch slots: requests wait for pages and slots and start
+  // while others decode; prompts are fed 32 tokens per step, mixed with decode tokens.
   EngineOptions small;
   small.max_kv_tokens = 320;
   small.max_batch = 3;
   small.max_seq_len = 256;
   CudaEngine constrained(source, small);
   EXPECT_EQ(constrained.capacity().kv_blocks, 20);
-  EXPECT_EQ(constrained.generate_greedy(reqs), alone);
+  SchedulerOptions chunked;
+  chunked.prefill_chunk = 32;
+  EXPECT_EQ(greedy(constrained, prompts, 20, chunked), alone);
+  EXPECT_EQ(constrained.kv_free_tokens(), 320);
   EngineOptions eager;
   eager.cuda_graphs = false;
   CudaEngine no_graphs(source, modest(eager));
-  EXPECT_EQ(no_graphs.generate_greedy(reqs), alone);
+  EXPECT_EQ(greedy(no_graphs, prompts, 20), alone);
 }
 
 TEST(CudaEngine, RequestsThatCannotFitAreRefused) {
   GPULAB_REQUIRE_GPU();
-  const auto source = WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny"));
+  const auto source = tiny();
   EngineOptions opt;
   opt.max_kv_tokens = 64;
   opt.max_seq_len = 128;
   CudaEngine engine(source, opt);
-  std::vector<int32_t> prompt(60, 7);
+  EXPECT_EQ(engine.kv_capacity_tokens(), 64);
   try {
-    engine.generate_greedy({{prompt, 10}});
+    greedy(engine, {std::vector<int32_t>(60, 7)}, 10);
     ADD_FAILURE() << "a request larger than the KV pool ran";
   } catch (const core::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("needs 70 tokens of KV cache but the pool holds 64"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exceeds the KV cache"), std::string::npos) << e.what();
   }
   try {
-    engine.generate_greedy({{std::vector<int32_t>(100, 7), 40}});
-    ADD_FAILURE() << "a request longer than max_seq_len ran";
+    engine.open(129);
+    ADD_FAILURE() << "a sequence longer than max_seq_len opened";
   } catch (const core::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("exceed the engine's max sequence length 128"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exceeds the engine's max sequence length 128"), std::string::npos) << e.what();
   }
+  // The pool is all reserved by one sequence: a second must wait (nullopt), not fail.
+  const auto first = engine.open(64);
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(engine.open(16));
+  engine.close(*first);
+  EXPECT_TRUE(engine.open(16));
   EXPECT_THROW(engine.logits(std::vector<int32_t>{1, 1024}), core::InputError);
-  // Still usable, with all pages back in the pool.
-  EXPECT_EQ(engine.generate_greedy({{prompt, 4}})[0].size(), 4u);
-  EXPECT_EQ(engine.generate_greedy({{std::vector<int32_t>(50, 3), 14}})[0].size(), 14u);
 
   EngineOptions tiny_fraction;
   tiny_fraction.gpu_memory_fraction = 1e-4;
   EXPECT_THROW(CudaEngine(source, tiny_fraction), core::InputError);
-}
-
-TEST(CudaEngine, StopsAtAnyEosOfTheList) {
-  GPULAB_REQUIRE_GPU();
-  const auto cases = testing::load_fixture_cases("llama_tiny");
-  std::vector<int32_t> full;
-  {
-    CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny")), modest());
-    full = engine.generate_greedy({{cases[0].ids, 24}})[0];
-  }
-  // The same model with the 6th generated token declared an eos (second of a list).
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("gpulab_eos_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors"})
-    fs::copy_file(testing::fixture_dir("llama_tiny") / f, dir / f, fs::copy_options::overwrite_existing);
-  std::ofstream(dir / "generation_config.json") << "{\"eos_token_id\": [1023, " << full[5] << "]}";
-  CudaEngine engine(WeightSource::from_checkpoint(dir), modest());
-  fs::remove_all(dir);
-  const auto stopped = engine.generate_greedy({{cases[0].ids, 24, true}})[0];
-  const size_t first = std::find(full.begin(), full.end(), full[5]) - full.begin();
-  EXPECT_EQ(stopped, std::vector<int32_t>(full.begin(), full.begin() + first + 1));
-  EXPECT_EQ(engine.generate_greedy({{cases[0].ids, 24, false}})[0], full);
 }
 
 TEST(CudaEngine, RandomWeightsFilledOnTheDeviceMatchTheHostFill) {
@@ -188,8 +233,7 @@ TEST(CudaEngine, RandomWeightsFilledOnTheDeviceMatchTheHostFill) {
   CudaEngine engine(source, modest());
   const CpuModel cpu(source);
   const std::vector<int32_t> ids = {1, 50, 900, 3, 3, 3, 77};
-  const Agreement a = compare_logits(engine.logits(ids), cpu.logits(ids), cfg.vocab_size);
-  EXPECT_LE(a.rel_l2, 2e-2);
+  EXPECT_LE(compare_logits(engine.logits(ids), cpu.logits(ids), cfg.vocab_size).rel_l2, 2e-2);
 }
 
 }  // namespace
