@@ -229,6 +229,8 @@ TEST(Cli, ServeFinishesInFlightRequestOnSigterm) {
   ::waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 TEST(Cli, LogitsCudaNearTheFixture) {
   GPULAB_REQUIRE_GPU();
   std::ifstream in(kData + "/llama_tiny/expected.json");
@@ -258,6 +260,8 @@ TEST(Cli, LogitsCudaNearTheFixture) {
 TEST(Cli, LogitsCudaWithoutDeviceExits3) {
   if (gpulab::core::why_no_device().empty()) GTEST_SKIP() << "a CUDA device is visible";
   EXPECT_EQ(run("logits --device cuda --model " + kData + "/llama_tiny --ids 1,2").exit_code, 3);
+}
+
 TEST(Cli, DatasetMakeThenScanCatchesPlantedCorruptFile) {
   const fs::path dir = fs::temp_directory_path() / ("gpulab_cli_ds_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -278,6 +282,15 @@ TEST(Cli, DatasetMakeThenScanCatchesPlantedCorruptFile) {
   EXPECT_EQ(run("dataset scan --strict " + dir.string()).exit_code, 2);
   EXPECT_EQ(run("dataset make " + dir.string()).exit_code, 2);  // refuses a non-empty folder
   fs::remove_all(dir);
+}
+
+static std::string fixture_ids(int case_index, nlohmann::json* greedy = nullptr) {
+  std::ifstream in(kData + "/llama_tiny/expected.json");
+  const auto c = nlohmann::json::parse(in)["cases"][case_index];
+  if (greedy) *greedy = c["greedy_fp32"];
+  std::string ids;
+  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  return ids;
 }
 
 TEST(Cli, GenerateCpuReproducesTheFixtureGreedy) {
