@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "llm/nfc.h"
 #include "llm/tokenizer_text.h"
 
 namespace gpulab::llm {
@@ -447,9 +448,10 @@ void add_normalizer(TokenizerImpl& t, const json& j) {
       }
       s = s.substr(b, e - b);
     });
+  } else if (type == "NFC") {
+    t.normalizers.push_back([](std::string& s) { s = nfc(s); });
   } else {
-    // NFC/NFKC and friends need the Unicode composition tables, which gpulab does not carry.
-    t.fail("unsupported normalizer " + type + " (gpulab supports Sequence, Prepend, Replace, Strip)");
+    t.fail("unsupported normalizer " + type + " (gpulab supports Sequence, Prepend, Replace, Strip, NFC)");
   }
 }
 
