@@ -7,10 +7,11 @@
 // strings and runs the decoder chain (Replace, ByteFallback, Fuse, Strip, ByteLevel, Metaspace).
 // Any other component type is refused when the file is loaded, naming the type.
 //
-// Invalid UTF-8 input never throws: regexes see an invalid byte as matching nothing (so it lands in
-// a piece of its own), byte-level tokenizers keep the raw byte (decode(encode(s)) gives it back),
-// and the BPE model treats each invalid byte run as one symbol (byte fallback `<0xNN>` per byte, or
-// `unk`). Decoded text is valid UTF-8: invalid byte runs become U+FFFD as in `tokenizers`.
+// Invalid UTF-8 input (which `tokenizers` cannot take) never throws: regexes see an invalid byte
+// as matching nothing (so it lands in a piece of its own), byte-level tokenizers map the raw byte
+// to its byte token, and the BPE model treats each invalid byte run as one symbol (byte fallback
+// `<0xNN>` per byte, or `unk`). Decoded text is always valid UTF-8: invalid byte runs become U+FFFD
+// as in `tokenizers`, so only valid UTF-8 round-trips exactly.
 #pragma once
 
 #include <cstdint>
