@@ -166,6 +166,12 @@ TEST(Cli, TokenizeEncodesAndDecodesLikeHuggingFace) {
   const CliRun dec = run("tokenize --model " + model + " --ids " + ids);
   ASSERT_EQ(dec.exit_code, 0) << dec.out;
   EXPECT_EQ(nlohmann::json::parse(dec.out), nlohmann::json({{"text", text}}));
+  // --file gives what --text gives.
+  const fs::path file = fs::temp_directory_path() / ("gpulab_cli_tok_" + std::to_string(::getpid()) + ".txt");
+  std::ofstream(file, std::ios::binary) << text;
+  const CliRun from_file = run("tokenize --model " + model + " --file " + file.string());
+  fs::remove(file);
+  EXPECT_EQ(from_file.out, enc.out);
   // The JSON array form pastes back too.
   const CliRun pasted = run("tokenize --model " + model + " --ids '" + nlohmann::json::parse(enc.out)["ids"].dump() + "'");
   EXPECT_EQ(nlohmann::json::parse(pasted.out), nlohmann::json({{"text", text}})) << pasted.out;
@@ -175,7 +181,8 @@ TEST(Cli, TokenizeBadInputExits2) {
   const std::string model = kData + "/tokenizer_spm";
   const std::vector<std::string> bad = {"--model /no/such/dir --text hi", "--model " + model + " --ids 1,x,3",
                                         "--model " + model + " --ids 99999", "--model " + model,
-                                        "--model " + model + " --text a --ids 1"};
+                                        "--model " + model + " --text a --ids 1",
+                                        "--model " + model + " --file /no/such/file.txt"};
   for (const std::string& args : bad) {
     const CliRun r = run("tokenize " + args);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
