@@ -89,7 +89,7 @@ TEST_F(ServerTest, GreedyCompletionOfTokenIdsMatchesTransformers) {
   // eos (id 1) may end it early; compare with the fixture up to there.
   std::vector<int32_t> want = cases[2].greedy;
   if (auto it = std::find(want.begin(), want.end(), 1); it != want.end()) want.erase(it, want.end());
-  EXPECT_EQ(r["choices"][0]["text"], tokenizer_->decode(want, true));
+  EXPECT_EQ(r["choices"][0]["text"].get<std::string>(), tokenizer_->decode(want, true));
   EXPECT_EQ(r["usage"]["prompt_tokens"], cases[2].ids.size());
   EXPECT_EQ(r["object"], "text_completion");
 }
@@ -112,8 +112,8 @@ TEST_F(ServerTest, SixtyFourConcurrentStreamsEqualTheirNonStreamedResults) {
   for (auto& t : clients) t.join();
   for (int i = 0; i < kClients; ++i) {
     const json plain = post("/v1/completions", body(i, false));
-    EXPECT_EQ(streamed[i], plain["choices"][0]["text"]) << "client " << i;
-    EXPECT_EQ(finish[i], plain["choices"][0]["finish_reason"]) << "client " << i;
+    EXPECT_EQ(streamed[i], plain["choices"][0]["text"].get<std::string>()) << "client " << i;
+    EXPECT_EQ(finish[i], plain["choices"][0]["finish_reason"].get<std::string>()) << "client " << i;
   }
   const auto m = scheduler_->metrics();
   EXPECT_EQ(m.requests_finished, 2 * kClients);
@@ -128,7 +128,7 @@ TEST_F(ServerTest, ChatStreamsLikeChatCompletion) {
   const auto r = http_request(port(), "POST", "/v1/chat/completions",
                               json{{"messages", messages}, {"max_tokens", 10}, {"seed", 3}, {"stream", true}}.dump());
   std::string finish;
-  EXPECT_EQ(join_stream(r.body, true, &finish), plain["choices"][0]["message"]["content"]);
+  EXPECT_EQ(join_stream(r.body, true, &finish), plain["choices"][0]["message"]["content"].get<std::string>());
 }
 
 TEST_F(ServerTest, BadRequestsGet4xxWithOpenAIErrors) {
