@@ -58,10 +58,11 @@ void run_gemm_suite(Context& ctx) {
                                                  : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
   core::Stream stream;
   blas::Blas blas;
-  core::DeviceBuffer<float> scales(2);
-  const float ones[2] = {1.f, 1.f};
+  // Two unit scales, 16 bytes apart: cuBLASLt wants each scale pointer 16-byte aligned.
+  core::DeviceBuffer<float> scales(8);
+  const float ones[8] = {1.f, 0.f, 0.f, 0.f, 1.f, 0.f, 0.f, 0.f};
   GPULAB_CHECK(cudaMemcpy(scales.get(), ones, sizeof ones, cudaMemcpyHostToDevice));
-  const blas::Fp8Scales fp8_scales{scales.get(), scales.get() + 1};
+  const blas::Fp8Scales fp8_scales{scales.get(), scales.get() + 4};
   const size_t l2 = ctx.device().l2_bytes;
 
   for (const int64_t n : sizes) {

@@ -80,6 +80,10 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
   if (s.m <= 0 || s.n <= 0 || s.k <= 0) throw core::Error("matmul: empty problem");
   const bool scaled = scales.a || scales.b;
   if (scaled && !(scales.a && scales.b)) throw core::Error("matmul: give both fp8 scales or neither");
+  // cuBLASLt 13.1 answers NOT_SUPPORTED at run time for scale pointers off 16 bytes (measured
+  // on the H200); say so up front.
+  if (scaled && (alignment(scales.a) < 16 || alignment(scales.b) < 16))
+    throw core::Error("matmul: fp8 scale pointers must be 16-byte aligned");
   const PlanKey key{s.m, s.n, s.k, s.transpose_a, s.transpose_b, t.a, t.b, t.c, t.math,
                     alignment(a), alignment(b), alignment(c), scaled};
 

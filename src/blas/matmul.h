@@ -25,7 +25,8 @@ struct MatmulTypes {
   core::MathMode math = core::MathMode::strict_fp32;  // tf32 allowed only when set
 };
 
-// fp8 per-tensor scales (device pointers to one float each): C = (scale_a·A)(scale_b·B).
+// fp8 per-tensor scales (device pointers to one float each, each 16-byte aligned as cuBLASLt
+// requires): C = (scale_a·A)(scale_b·B).
 struct Fp8Scales {
   const float* a = nullptr;
   const float* b = nullptr;

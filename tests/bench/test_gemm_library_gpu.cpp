@@ -54,8 +54,8 @@ void check(DType in, DType out, core::MathMode math, int m, int n, int k, double
       for (int j = 0; j < n; ++j) b_stored[size_t(j) * k + p] = b[size_t(p) * n + j];
   const auto ha = encode(a, in), hb = encode(b_stored, in);
   core::DeviceBuffer<> da(ha.size()), db(hb.size()), dc(ref.size() * core::dtype_size(out));
-  core::DeviceBuffer<float> scales(2);
-  const float ones[2] = {1.f, 1.f};
+  core::DeviceBuffer<float> scales(8);  // two scales 16 bytes apart (cuBLASLt's alignment)
+  const float ones[8] = {1.f, 0.f, 0.f, 0.f, 1.f, 0.f, 0.f, 0.f};
   core::Stream stream;
   GPULAB_CHECK(cudaMemcpyAsync(da.get(), ha.data(), ha.size(), cudaMemcpyHostToDevice, stream));
   GPULAB_CHECK(cudaMemcpyAsync(db.get(), hb.data(), hb.size(), cudaMemcpyHostToDevice, stream));
@@ -63,7 +63,7 @@ void check(DType in, DType out, core::MathMode math, int m, int n, int k, double
   GPULAB_CHECK(cudaMemsetAsync(dc.get(), 0xff, dc.bytes(), stream));
   blas::Blas blas;
   blas.matmul({m, n, k, false, fp8}, {in, in, out, math}, da.get(), db.get(), dc.get(), stream, 1.f, 0.f,
-              fp8 ? blas::Fp8Scales{scales.get(), scales.get() + 1} : blas::Fp8Scales{});
+              fp8 ? blas::Fp8Scales{scales.get(), scales.get() + 4} : blas::Fp8Scales{});
   std::vector<std::byte> host(dc.bytes());
   GPULAB_CHECK(cudaMemcpyAsync(host.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost, stream));
   stream.synchronize();

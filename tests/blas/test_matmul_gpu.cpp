@@ -58,8 +58,8 @@ void run_case(blas::Blas& blas, const Case& c, std::mt19937& rng) {
 
   const auto a_bytes = encode(a, c.in), b_bytes = encode(b, c.in);
   core::DeviceBuffer<uint8_t> da(a_bytes.size()), db(b_bytes.size()), dc(c.m * c.n * core::dtype_size(c.out));
-  core::DeviceBuffer<float> scales(2);
-  const float host_scales[2] = {scale_a, scale_b};
+  core::DeviceBuffer<float> scales(8);  // two scales 16 bytes apart (cuBLASLt's alignment)
+  const float host_scales[8] = {scale_a, 0.f, 0.f, 0.f, scale_b, 0.f, 0.f, 0.f};
   GPULAB_CHECK(cudaMemcpy(da.get(), a_bytes.data(), a_bytes.size(), cudaMemcpyHostToDevice));
   GPULAB_CHECK(cudaMemcpy(db.get(), b_bytes.data(), b_bytes.size(), cudaMemcpyHostToDevice));
   GPULAB_CHECK(cudaMemcpy(scales.get(), host_scales, sizeof host_scales, cudaMemcpyHostToDevice));
@@ -68,7 +68,7 @@ void run_case(blas::Blas& blas, const Case& c, std::mt19937& rng) {
   core::Stream stream;
   try {
     blas.matmul({c.m, c.n, c.k, c.transpose_a, c.transpose_b}, {c.in, c.in, c.out, c.math}, da.get(), db.get(),
-              dc.get(), stream, 1.f, 0.f, fp8 ? blas::Fp8Scales{scales.get(), scales.get() + 1} : blas::Fp8Scales{});
+              dc.get(), stream, 1.f, 0.f, fp8 ? blas::Fp8Scales{scales.get(), scales.get() + 4} : blas::Fp8Scales{});
     stream.synchronize();
   } catch (const core::Error& e) {
     FAIL() << e.what();
@@ -114,6 +114,11 @@ TEST(BlasMatmul, Fp8RefusesLayoutsCuBlasLtCannotRun) {
   GPULAB_REQUIRE_GPU();
   blas::Blas blas;
   core::Stream stream;
+  core::DeviceBuffer<float> scales(8);
+  // Scale pointers 4 bytes apart: cuBLASLt would answer NOT_SUPPORTED; we say why first.
+  EXPECT_THROW(blas.matmul({16, 16, 16, false, true}, {DType::f8e4m3, DType::f8e4m3, DType::bf16}, nullptr,
+                           nullptr, nullptr, stream, 1.f, 0.f, {scales.get(), scales.get() + 1}),
+               core::Error);
   EXPECT_THROW(blas.matmul({16, 16, 16, false, false}, {DType::f8e4m3, DType::f8e4m3, DType::bf16}, nullptr,
                            nullptr, nullptr, stream),
                core::Error);
