@@ -109,6 +109,10 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
     GPULAB_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_y, sizeof align_y));
     GPULAB_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
     GPULAB_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+    if (scaled) {  // scaling changes which kernels apply: the heuristic must see it
+      GPULAB_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.b, sizeof scales.b));
+      GPULAB_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.a, sizeof scales.a));
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state_->handle, p->desc, p->layout_x, p->layout_y,

@@ -63,7 +63,7 @@ void print_text(const core::HostInfo& host, const core::SoftwareVersions& versio
       const auto active = std::count(d.nvlink_active.begin(), d.nvlink_active.end(), true);
       std::string mig = !d.mig_enabled ? "unknown" : *d.mig_enabled ? "enabled, " + std::to_string(d.mig_instances.size()) + " instances" : "disabled";
       t.add({std::to_string(d.index), d.name, std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor),
-             std::to_string(d.sm_count), human_bytes(d.memory_total), human_bytes(d.memory_free),
+             std::to_string(d.sm_count), human_gib(d.memory_total), human_gib(d.memory_free),
              human_bytes(d.l2_bytes), clock(d.sm_clock_mhz, d.max_sm_clock_mhz),
              clock(d.mem_clock_mhz, d.max_mem_clock_mhz),
              d.pcie_generation ? "Gen" + std::to_string(*d.pcie_generation) + " x" + std::to_string(d.pcie_width.value_or(0)) : "?",
@@ -74,7 +74,7 @@ void print_text(const core::HostInfo& host, const core::SoftwareVersions& versio
     for (const auto& d : devices)
       for (const auto& m : d.mig_instances)
         std::cout << "  GPU " << d.index << " MIG " << m.index << ": " << m.name << " " << m.uuid << " "
-                  << human_bytes(m.memory_total) << "\n";
+                  << human_gib(m.memory_total) << "\n";
     std::cout << "\n";
   }
 

@@ -31,10 +31,10 @@ int main(int argc, char** argv) {
   cli::add_bench_command(app, run);
   cli::add_planned_command(app, run, "train", "ResNet-50 v1.5 training (synthetic or ImageNet folder)");
   cli::add_planned_command(app, run, "dataset", "Write an ImageNet-layout JPEG folder for training tests");
-  cli::add_planned_command(app, run, "generate", "LLaMA-family text generation from a Hugging Face checkpoint");
-  cli::add_planned_command(app, run, "serve", "OpenAI-compatible HTTP server with streaming");
-  cli::add_planned_command(app, run, "tokenize", "Encode/decode text with a tokenizer.json");
-  cli::add_planned_command(app, run, "logits", "Print or save a model's logits for a prompt");
+  cli::add_generate_command(app, run);
+  cli::add_serve_command(app, run);
+  cli::add_logits_command(app, run);
+  cli::add_tokenize_command(app, run);
   cli::add_planned_command(app, run, "diagnose", "Trace a CUDA program and say why it under-uses the GPU");
 
   try {

@@ -45,6 +45,12 @@ std::string human_bytes(uint64_t bytes) {
   return scaled(static_cast<double>(bytes), kUnits, 5, " ");
 }
 
+std::string human_gib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
+  return buf;
+}
+
 std::string human_count(uint64_t n) {
   static const char* kUnits[] = {"", "K", "M", "B", "T"};
   return scaled(static_cast<double>(n), kUnits, 5, n >= 1000 ? " " : "");

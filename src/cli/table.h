@@ -20,6 +20,7 @@ class Table {
 };
 
 std::string human_bytes(uint64_t bytes);      // "13.48 GB" (powers of 1000)
+std::string human_gib(uint64_t bytes);        // "139.8 GiB" (powers of 1024), as nvidia-smi counts
 std::string human_count(uint64_t n);          // "6.74 B"
 std::string format_double(double v, int precision);
 

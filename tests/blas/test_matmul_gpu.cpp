@@ -66,9 +66,13 @@ void run_case(blas::Blas& blas, const Case& c, std::mt19937& rng) {
   GPULAB_CHECK(cudaMemset(dc.get(), 0xFF, dc.bytes()));  // poison: NaN in every float type
 
   core::Stream stream;
-  blas.matmul({c.m, c.n, c.k, c.transpose_a, c.transpose_b}, {c.in, c.in, c.out, c.math}, da.get(), db.get(),
+  try {
+    blas.matmul({c.m, c.n, c.k, c.transpose_a, c.transpose_b}, {c.in, c.in, c.out, c.math}, da.get(), db.get(),
               dc.get(), stream, 1.f, 0.f, fp8 ? blas::Fp8Scales{scales.get(), scales.get() + 1} : blas::Fp8Scales{});
-  stream.synchronize();
+    stream.synchronize();
+  } catch (const core::Error& e) {
+    FAIL() << e.what();
+  }
   std::vector<uint8_t> out(dc.bytes());
   GPULAB_CHECK(cudaMemcpy(out.data(), dc.get(), out.size(), cudaMemcpyDeviceToHost));
 

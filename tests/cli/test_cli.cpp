@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/gpu.h"
+#include "core/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -96,4 +97,73 @@ TEST(Cli, InfoJsonOnDevice) {
   ASSERT_FALSE(j["devices"].empty());
   EXPECT_GT(j["devices"][0]["sm_count"].get<int>(), 0);
   EXPECT_FALSE(j["software"]["cudnn"].get<std::string>().empty());
+}
+
+TEST(Cli, LogitsCpuWritesTheFixtureLogits) {
+  std::ifstream in(kData + "/llama_tiny/expected.json");
+  const auto c = nlohmann::json::parse(in)["cases"][0];
+  std::string ids;
+  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const fs::path out = fs::temp_directory_path() / ("gpulab_cli_logits_" + std::to_string(::getpid()) + ".safetensors");
+  const CliRun r = run("logits --model " + kData + "/llama_tiny --ids " + ids + " --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const gpulab::core::SafetensorsFile got(out);
+  const gpulab::core::SafetensorsFile want(kData + "/llama_tiny/expected.safetensors");
+  const auto* g = got.find("logits");
+  const auto* w = want.find(c["logits"].get<std::string>());
+  ASSERT_TRUE(g && w);
+  ASSERT_EQ(g->dtype, gpulab::core::DType::f32);
+  ASSERT_EQ(g->shape, w->shape);
+  ASSERT_EQ(got.tensors().size(), 1u);
+  const auto* gv = reinterpret_cast<const float*>(got.data(*g).data());
+  const auto* wv = reinterpret_cast<const float*>(want.data(*w).data());
+  float max_ref = 0, max_err = 0;
+  for (uint64_t i = 0; i < g->numel(); ++i) {
+    max_ref = std::max(max_ref, std::abs(wv[i]));
+    max_err = std::max(max_err, std::abs(gv[i] - wv[i]));
+  }
+  EXPECT_LE(max_err, 1e-3f * max_ref);
+  fs::remove(out);
+}
+
+TEST(Cli, LogitsBadInputsExit2) {
+  EXPECT_EQ(run("logits --model " + kData + "/llama_tiny --ids 1,x,3").exit_code, 2);
+  EXPECT_EQ(run("logits --model " + kData + "/llama_tiny --ids 1,5000").exit_code, 2);
+  const CliRun r = run("logits --model /no/such/model --ids 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("/no/such/model"), std::string::npos) << r.out;
+  const CliRun d = run("logits --dummy-weights --config llama9 --ids 1");
+  EXPECT_EQ(d.exit_code, 2);
+  EXPECT_NE(d.out.find("llama2-7b"), std::string::npos) << d.out;
+}
+
+TEST(Cli, TokenizeEncodesAndDecodesLikeHuggingFace) {
+  const std::string model = kData + "/tokenizer_spm";
+  const auto cases = nlohmann::json::parse(std::ifstream(model + "/tokenizer_cases.json"))["cases"];
+  const std::string text = cases[5]["text"];  // "GPUs turned from graphics into general compute."
+  const CliRun enc = run("tokenize --model " + model + " --text '" + text + "'");
+  ASSERT_EQ(enc.exit_code, 0) << enc.out;
+  EXPECT_EQ(nlohmann::json::parse(enc.out), nlohmann::json({{"ids", cases[5]["ids"]}}));
+  std::string ids;
+  for (const auto& id : cases[5]["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const CliRun dec = run("tokenize --model " + model + " --ids " + ids);
+  ASSERT_EQ(dec.exit_code, 0) << dec.out;
+  EXPECT_EQ(nlohmann::json::parse(dec.out), nlohmann::json({{"text", text}}));
+  // The JSON array form pastes back too.
+  const CliRun pasted = run("tokenize --model " + model + " --ids '" + nlohmann::json::parse(enc.out)["ids"].dump() + "'");
+  EXPECT_EQ(nlohmann::json::parse(pasted.out), nlohmann::json({{"text", text}})) << pasted.out;
+}
+
+TEST(Cli, TokenizeBadInputExits2) {
+  const std::string model = kData + "/tokenizer_spm";
+  const std::vector<std::string> bad = {"--model /no/such/dir --text hi", "--model " + model + " --ids 1,x,3",
+                                        "--model " + model + " --ids 99999", "--model " + model,
+                                        "--model " + model + " --text a --ids 1"};
+  for (const std::string& args : bad) {
+    const CliRun r = run("tokenize " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
+    EXPECT_FALSE(r.out.empty()) << args;
+  }
+  EXPECT_NE(run("tokenize --model /no/such/dir --text hi").out.find("/no/such/dir"), std::string::npos);
+  EXPECT_NE(run("tokenize --model " + model + " --ids 1,x,3").out.find("\"x\""), std::string::npos);
 }
