@@ -119,7 +119,7 @@ void run_gemm_suite(Context& ctx) {
       run(0);
       const uint64_t wrong = count_mismatches(v.output, c.get(), ref.get(), elems, v.rtol > 0 ? 1e-2 : 0, v.rtol, stream);
       if (wrong) {
-        ctx.note("FAILED verification: " + v.name + " at " + std::to_string(n) + "³: " + std::to_string(wrong) + " of " +
+        ctx.fail("verification of " + v.name + " at " + std::to_string(n) + "³: " + std::to_string(wrong) + " of " +
                  std::to_string(elems) + " elements wrong; not timed");
         continue;
       }

@@ -53,3 +53,13 @@ TEST(Context, FinishPrintsLogsAndClearsRows) {
   EXPECT_EQ(core::validate_result(ctx.log().results()[0]), "");
   EXPECT_NEAR(ctx.log().results()[0]["fraction"].get<double>(), 0.65, 1e-12);
 }
+
+TEST(Context, FailIsNotedAndRemembered) {
+  std::ostringstream out;
+  Context ctx(Options{}, core::DeviceInfo{}, Datasheet{}, out);
+  EXPECT_FALSE(ctx.failed());
+  ctx.fail("verification of x");
+  ctx.finish("t");
+  EXPECT_TRUE(ctx.failed());  // stays set after the table is printed
+  EXPECT_NE(out.str().find("FAILED: verification of x"), std::string::npos);
+}
