@@ -59,8 +59,9 @@ void run_gemm_suite(Context& ctx) {
   core::Stream stream;
   blas::Blas blas;
   core::DeviceBuffer<float> scales(2);
-  const float ones[2] = {1.f, 1.f};
-  GPULAB_CHECK(cudaMemcpy(scales.get(), ones, sizeof ones, cudaMemcpyHostToDevice));
+  // fp8 per-tensor scales: powers of two whose product is 1, so the result stays exact.
+  const float scale_values[2] = {0.5f, 2.f};
+  GPULAB_CHECK(cudaMemcpy(scales.get(), scale_values, sizeof scale_values, cudaMemcpyHostToDevice));
   const blas::Fp8Scales fp8_scales{scales.get(), scales.get() + 1};
   const size_t l2 = ctx.device().l2_bytes;
 
