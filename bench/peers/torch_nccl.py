@@ -3,7 +3,8 @@
 visible GPU, busbw as nccl-tests counts it (2(n-1)/n x algbw), #wrong from integer inputs.
 Prints a JSON array in gpulab's result schema (suite "nccl_peer_torch").
 
-    torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) bench/peers/torch_nccl.py > torch_nccl.json
+    python3 bench/peers/torch_nccl.py > torch_nccl.json     # spawns one process per GPU
+    torchrun --nproc_per_node=N bench/peers/torch_nccl.py      # or under torchrun
 """
 import datetime
 import json
@@ -16,18 +17,21 @@ import torch
 import torch.distributed as dist
 
 
-def main():
+def worker(local_rank=None, world=None):
+    if local_rank is not None:  # spawned by main(), not by torchrun
+        os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29531"))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    sizes = [1 << s for s in range(13, 34, 3)]  # 8 KiB .. 8 GiB
+    sizes = [1 << s for s in range(13, 32, 3)]  # 8 KiB .. 2 GiB
     free = torch.cuda.mem_get_info()[0]
     sizes = [s for s in sizes if 2 * s < free // 4]
     factor = 2 * (world - 1) / world
     results = []
     for size in sizes:
         count = size // 4
-        idx = torch.arange(count, device="cuda", dtype=torch.int64)
+        idx = torch.arange(count, device="cuda", dtype=torch.int32)
         x = ((rank * 7 + idx) % 5 - 2).float()
         expect = sum(((r * 7 + idx) % 5 - 2).float() for r in range(world))
         y = x.clone()
@@ -61,6 +65,18 @@ def main():
     if rank == 0:
         print(json.dumps(results, indent=1))
     dist.destroy_process_group()
+
+
+def main():
+    if "RANK" in os.environ:
+        worker()
+    else:
+        world = torch.cuda.device_count()
+        torch.multiprocessing.spawn(lambda_free_worker, args=(world,), nprocs=world, join=True)
+
+
+def lambda_free_worker(local_rank, world):
+    worker(local_rank, world)
 
 
 if __name__ == "__main__":

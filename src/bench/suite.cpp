@@ -82,22 +82,20 @@ int run_bench(const std::vector<std::string>& names, const Options& options, std
         << " instances): figures are for the slice this process sees, not the whole GPU\n";
   out << "\n";
 
-  int failures = 0;
   for (const Suite* s : selected) {
     try {
       s->run(ctx);
     } catch (const core::Error& e) {
       // One suite failing (a missing library, an unsupported feature) does not lose the others.
-      ctx.note(std::string("FAILED: ") + e.what());
+      ctx.fail(e.what());
       ctx.finish(s->name);
-      ++failures;
     }
   }
   if (!options.json_path.empty()) {
     ctx.log().write(options.json_path);
     out << "wrote " << ctx.log().results().size() << " results to " << options.json_path << "\n";
   }
-  return failures ? core::kExitFailure : core::kExitOk;
+  return ctx.failed() ? core::kExitFailure : core::kExitOk;
 }
 
 }  // namespace gpulab::bench

@@ -42,6 +42,13 @@ class Context {
   // run's GPU stamp holds only those at the start).
   void add(Row row);
   void note(std::string text) { notes_.push_back(std::move(text)); }
+  // A check inside a suite failed (a wrong GEMM result, NCCL #wrong > 0): noted, and the run
+  // exits 1 at the end.
+  void fail(const std::string& text) {
+    notes_.push_back("FAILED: " + text);
+    failed_ = true;
+  }
+  bool failed() const { return failed_; }
   void finish(const std::string& title);
 
   const core::ResultLog& log() const { return log_; }
@@ -54,6 +61,7 @@ class Context {
   std::map<std::string, double> ceilings_;
   std::vector<Row> rows_;
   std::vector<std::string> notes_;
+  bool failed_ = false;
   core::ResultLog log_;
 };
 

@@ -135,7 +135,7 @@ void run_nccl_suite(Context& ctx) {
       // With one rank nothing crosses a bus: report algorithm bandwidth instead.
       if (factor > 0) ctx.add(make_row("nccl", name, "busbw", "GB/s", summarize(busbw), std::nullopt, params));
       else ctx.add(make_row("nccl", name, "algbw", "GB/s", summarize(algbw), std::nullopt, params));
-      if (m.wrong) ctx.note("FAILED: " + name + " has " + std::to_string(m.wrong) + " wrong elements over all ranks");
+      if (m.wrong) ctx.fail(name + " has " + std::to_string(m.wrong) + " wrong elements over all ranks");
     }
   if (sizes.empty()) ctx.note("skipped: not enough free device memory for the smallest size");
   int version = 0;

@@ -55,11 +55,11 @@ void check(DType in, DType out, core::MathMode math, int m, int n, int k, double
   const auto ha = encode(a, in), hb = encode(b_stored, in);
   core::DeviceBuffer<> da(ha.size()), db(hb.size()), dc(ref.size() * core::dtype_size(out));
   core::DeviceBuffer<float> scales(8);  // two scales 16 bytes apart (cuBLASLt's alignment)
-  const float ones[8] = {1.f, 0.f, 0.f, 0.f, 1.f, 0.f, 0.f, 0.f};
+  const float scale_values[8] = {0.5f, 0.f, 0.f, 0.f, 2.f, 0.f, 0.f, 0.f};  // powers of two, product 1, exact
   core::Stream stream;
   GPULAB_CHECK(cudaMemcpyAsync(da.get(), ha.data(), ha.size(), cudaMemcpyHostToDevice, stream));
   GPULAB_CHECK(cudaMemcpyAsync(db.get(), hb.data(), hb.size(), cudaMemcpyHostToDevice, stream));
-  GPULAB_CHECK(cudaMemcpyAsync(scales.get(), ones, sizeof ones, cudaMemcpyHostToDevice, stream));
+  GPULAB_CHECK(cudaMemcpyAsync(scales.get(), scale_values, sizeof scale_values, cudaMemcpyHostToDevice, stream));
   GPULAB_CHECK(cudaMemsetAsync(dc.get(), 0xff, dc.bytes(), stream));
   blas::Blas blas;
   blas.matmul({m, n, k, false, fp8}, {in, in, out, math}, da.get(), db.get(), dc.get(), stream, 1.f, 0.f,
