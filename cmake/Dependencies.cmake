@@ -60,3 +60,19 @@ add_library(gpulab::pcre2 UNKNOWN IMPORTED GLOBAL)
 set_target_properties(gpulab::pcre2 PROPERTIES IMPORTED_LOCATION ${GPULAB_PCRE2_LIB}
   INTERFACE_INCLUDE_DIRECTORIES ${GPULAB_PCRE2_INCLUDE}
   INTERFACE_COMPILE_DEFINITIONS PCRE2_CODE_UNIT_WIDTH=8)
+
+# libjpeg-turbo through its TurboJPEG API: JPEG decode/encode for the CPU image pipeline.
+find_path(GPULAB_TURBOJPEG_INCLUDE turbojpeg.h)
+find_library(GPULAB_TURBOJPEG_LIB turbojpeg)
+if(NOT GPULAB_TURBOJPEG_INCLUDE OR NOT GPULAB_TURBOJPEG_LIB)
+  message(FATAL_ERROR "gpulab needs libjpeg-turbo (TurboJPEG API): apt-get install libturbojpeg0-dev")
+endif()
+add_library(gpulab::turbojpeg UNKNOWN IMPORTED GLOBAL)
+set_target_properties(gpulab::turbojpeg PROPERTIES IMPORTED_LOCATION ${GPULAB_TURBOJPEG_LIB}
+  INTERFACE_INCLUDE_DIRECTORIES ${GPULAB_TURBOJPEG_INCLUDE})
+
+# CMake before 3.26 does not know nvcc's C++20 flag (the GPU machine's newer CMake does).
+if(CMAKE_VERSION VERSION_LESS 3.26 AND CMAKE_CUDA_COMPILER_ID STREQUAL "NVIDIA" AND NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "llm/cpu_model.h"
@@ -17,14 +18,9 @@ namespace gpulab::cli {
 namespace {
 
 struct LogitsOptions {
-  std::string model;
-  std::string config;
-  bool dummy_weights = false;
+  ModelOptions model;
   std::string ids;
-  std::string device = "cpu";
   std::string out;
-  int threads = 0;
-  double gpu_memory_fraction = 0.9;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -47,26 +43,18 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-llm::WeightSource weight_source(const LogitsOptions& opt) {
-  if (opt.dummy_weights) {
-    if (opt.config.empty()) throw core::InputError("--dummy-weights needs --config FILE|NAME");
-    return llm::WeightSource::random(llm::config_from_arg(opt.config));
-  }
-  if (opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME)");
-  return llm::WeightSource::from_checkpoint(opt.model);
-}
-
+// The logits of every position: one engine step over the whole prompt.
 std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<int32_t>& ids) {
-  const llm::WeightSource weights = weight_source(opt);
-  if (opt.device == "cpu") return llm::CpuModel(weights, opt.threads).logits(ids);
-  llm::EngineOptions engine;
-  engine.gpu_memory_fraction = opt.gpu_memory_fraction;
-  engine.max_batch = 1;
-  engine.max_seq_len = std::min<int64_t>(weights.config().max_position_embeddings,
-                                         std::max<int64_t>(static_cast<int64_t>(ids.size()), 16));
-  engine.max_kv_tokens = engine.max_seq_len;
-  engine.cuda_graphs = false;
-  return llm::CudaEngine(weights, engine).logits(ids);
+  const llm::WeightSource weights = load_weights(opt.model);
+  if (opt.model.engine.device == "cpu") return llm::CpuModel(weights, opt.model.engine.threads).logits(ids);
+  // One sequence, as long as the prompt: size the KV pool to it, no graphs for a single step.
+  llm::EngineOptions cuda = opt.model.engine.cuda;
+  cuda.max_batch = 1;
+  cuda.max_seq_len = std::min<int64_t>(weights.config().max_position_embeddings,
+                                       std::max<int64_t>(static_cast<int64_t>(ids.size()), 16));
+  cuda.max_kv_tokens = cuda.max_seq_len;
+  cuda.cuda_graphs = false;
+  return llm::CudaEngine(weights, cuda).logits(ids);
 }
 
 int run_logits(const LogitsOptions& opt) {
@@ -98,19 +86,9 @@ int run_logits(const LogitsOptions& opt) {
 void add_logits_command(CLI::App& app, Runner& run) {
   auto opt = std::make_shared<LogitsOptions>();
   auto* sub = app.add_subcommand("logits", "Print or save a model's logits for a list of token ids");
-  sub->add_option("--model", opt->model, "Hugging Face checkpoint folder (config.json + safetensors)");
-  sub->add_option("--config", opt->config, "With --dummy-weights: a config.json or a built-in shape (llama2-7b, llama3-8b, ...)");
-  sub->add_flag("--dummy-weights", opt->dummy_weights, "Random weights of the right shapes instead of a checkpoint");
+  add_model_options(*sub, opt->model);
   sub->add_option("--ids", opt->ids, "Comma-separated token ids")->required();
-  sub->add_option("--device", opt->device, "Where to run: cpu (float32 reference) or cuda (bf16 engine)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
   sub->add_option("--out", opt->out, "Write float32 tensor `logits` [tokens, vocab] to this .safetensors file");
-  sub->add_option("--threads", opt->threads, "CPU threads (0: all)")->capture_default_str();
-  sub->add_option("--gpu-memory-fraction", opt->gpu_memory_fraction,
-                  "With --device cuda: share of GPU memory for weights, buffers and KV cache")
-      ->check(CLI::Range(0.01, 1.0))
-      ->capture_default_str();
   sub->footer("Example:\n  gpulab logits --model ~/models/Llama-3.2-1B --ids 128000,9906,1917 --out logits.safetensors");
   sub->callback([&run, opt] { run = [opt] { return run_logits(*opt); }; });
 }

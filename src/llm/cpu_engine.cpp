@@ -81,3 +81,4 @@ std::unique_ptr<Engine> make_cpu_engine(const WeightSource& weights, int64_t kv_
 }
 
 }  // namespace gpulab::llm
+

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "llm/config.h"
@@ -39,7 +40,9 @@ class Engine {
 };
 
 // The float32 CPU reference as an engine (threaded per step; sequences run one after another).
+// Call open/close/step from one thread (the scheduler's).
 std::unique_ptr<Engine> make_cpu_engine(const WeightSource& weights, int64_t kv_capacity_tokens,
                                         int threads = 0);
+
 
 }  // namespace gpulab::llm

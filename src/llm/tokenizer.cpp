@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -55,71 +56,6 @@ void split_pieces(Pieces& pieces, Split&& split) {
   pieces = std::move(out);
 }
 
-enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
-
-struct Segment {
-  size_t begin, end;
-  bool is_match;
-};
-
-// The whole text cut into matches and the gaps between them (Pattern::find_matches).
-std::vector<Segment> segments(std::string_view text, const std::vector<Range>& matches, bool invert) {
-  if (text.empty()) return {{0, 0, false}};
-  std::vector<Segment> out;
-  size_t prev = 0;
-  for (const auto& [b, e] : matches) {
-    if (prev != b) out.push_back({prev, b, invert});
-    out.push_back({b, e, !invert});
-    prev = e;
-  }
-  if (prev != text.size()) out.push_back({prev, text.size(), invert});
-  return out;
-}
-
-// NormalizedString::split: which ranges survive for each delimiter behaviour.
-std::vector<Range> apply_behavior(const std::vector<Segment>& segs, SplitBehavior behavior) {
-  std::vector<Range> out;
-  bool previous_match = false;
-  switch (behavior) {
-    case SplitBehavior::kIsolated:
-      for (const Segment& s : segs) out.emplace_back(s.begin, s.end);
-      break;
-    case SplitBehavior::kRemoved:
-      for (const Segment& s : segs)
-        if (!s.is_match) out.emplace_back(s.begin, s.end);
-      break;
-    case SplitBehavior::kContiguous:
-      for (const Segment& s : segs) {
-        if (s.is_match == previous_match && !out.empty())
-          out.back().second = s.end;
-        else
-          out.emplace_back(s.begin, s.end);
-        previous_match = s.is_match;
-      }
-      break;
-    case SplitBehavior::kMergedWithPrevious:
-      for (const Segment& s : segs) {
-        if (s.is_match && !previous_match && !out.empty())
-          out.back().second = s.end;
-        else
-          out.emplace_back(s.begin, s.end);
-        previous_match = s.is_match;
-      }
-      break;
-    case SplitBehavior::kMergedWithNext:
-      for (auto it = segs.rbegin(); it != segs.rend(); ++it) {
-        if (it->is_match && !previous_match && !out.empty())
-          out.back().first = it->begin;
-        else
-          out.emplace_back(it->begin, it->end);
-        previous_match = it->is_match;
-      }
-      std::reverse(out.begin(), out.end());
-      break;
-  }
-  return out;
-}
-
 std::vector<Range> find_literal(std::string_view text, std::string_view needle) {
   std::vector<Range> out;
   for (size_t pos = text.find(needle); pos != std::string_view::npos; pos = text.find(needle, pos + needle.size()))
@@ -160,6 +96,7 @@ class BpeModel {
     }
   }
 
+  void reserve_merges(size_t n) { merges_.reserve(n); }
   void add_merge(int32_t left, int32_t right, int32_t rank, int32_t merged) {
     merges_[key(left, right)] = {rank, merged};  // a later duplicate wins, as in the HashMap collect
   }
@@ -304,6 +241,7 @@ struct AddedToken {
   std::string content;
   int32_t id;
   bool special, single_word, lstrip, rstrip, normalized;
+  std::string text;  // what decode shows: `tokenizers` gives a normalized token in its normalized form
 };
 
 class AddedTokenMatcher {
@@ -383,7 +321,7 @@ class AddedTokenMatcher {
     return {nullptr, 0, 0};
   }
 
-  // Whether the text ends (at_end) or starts with a word character (regex \w).
+  // Whether the text ends (at_end) or starts with a word character.
   static bool is_word_char(std::string_view text, bool at_end, const Regex& word_char) {
     if (text.empty()) return false;
     if (at_end) {
@@ -410,7 +348,8 @@ struct TokenizerImpl {
   std::unordered_map<int32_t, const AddedToken*> added_by_id;
   std::unordered_map<int32_t, std::string> model_tokens;  // id -> token text
   AddedTokenMatcher raw_matcher, normalized_matcher;
-  Regex word_char{"\\w"};
+  // Unicode \w as `tokenizers` (regex-syntax) has it for single_word; PCRE2's \w lacks marks.
+  Regex word_char{"[\\p{L}\\p{Nl}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]"};
   std::vector<Normalizer> normalizers;
   std::vector<PreTokenizer> pre_tokenizers;
   std::vector<Decoder> decoders;
@@ -552,7 +491,7 @@ void add_pre_tokenizer(TokenizerImpl& t, const json& j) {
     const SplitBehavior behavior = behavior_of(t, j.at("behavior").get<std::string>());
     const bool invert = j.value("invert", false);
     t.pre_tokenizers.push_back([find, behavior, invert](Pieces& pieces) {
-      split_pieces(pieces, [&](Piece& p) { return apply_behavior(segments(p.text, find(p.text), invert), behavior); });
+      split_pieces(pieces, [&](Piece& p) { return split_ranges(p.text, find(p.text), behavior, invert); });
     });
   } else if (type == "ByteLevel") {
     const bool add_prefix_space = j.value("add_prefix_space", true);
@@ -562,7 +501,7 @@ void add_pre_tokenizer(TokenizerImpl& t, const json& j) {
       split_pieces(pieces, [&](Piece& p) -> std::vector<Range> {
         if (add_prefix_space && !p.text.starts_with(' ')) p.text.insert(0, " ");
         if (!re) return {{0, p.text.size()}};
-        return apply_behavior(segments(p.text, re->find_all(p.text), false), SplitBehavior::kIsolated);
+        return split_ranges(p.text, re->find_all(p.text), SplitBehavior::kIsolated);
       });
       const auto& table = byte_to_char();
       for (Piece& p : pieces) {
@@ -584,7 +523,7 @@ void add_pre_tokenizer(TokenizerImpl& t, const json& j) {
         const bool prepend = scheme == PrependScheme::kAlways || (scheme == PrependScheme::kFirst && p.at_start);
         if (prepend && !p.text.starts_with(rep)) p.text.insert(0, rep);
         if (!split) return {{0, p.text.size()}};
-        return apply_behavior(segments(p.text, find_literal(p.text, rep), false), SplitBehavior::kMergedWithNext);
+        return split_ranges(p.text, find_literal(p.text, rep), SplitBehavior::kMergedWithNext);
       });
     });
   } else {
@@ -752,17 +691,24 @@ void add_post_processor(TokenizerImpl& t, const json& j) {
   }
 }
 
+int32_t id_of(const TokenizerImpl& t, const json& id, const std::string& what) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
+    t.fail(what + " has a bad id " + id.dump());
+  return id.get<int32_t>();
+}
+
 void load_model(TokenizerImpl& t, const json& m) {
   if (!m.is_object()) t.fail("no \"model\" object");
   const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "");
   if (type != "BPE") t.fail("unsupported model type " + (type.empty() ? std::string("(none)") : type) + " (gpulab supports BPE)");
   BpeModel& bpe = t.model;
   if (!m.contains("vocab") || !m["vocab"].is_object()) t.fail("model has no \"vocab\" object");
+  bpe.vocab.reserve(m["vocab"].size());
+  t.model_tokens.reserve(m["vocab"].size());
   for (const auto& [token, id] : m["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-      t.fail("vocab entry " + token + " has a bad id " + id.dump());
-    bpe.vocab[token] = id.get<int32_t>();
-    t.model_tokens[id.get<int32_t>()] = token;
+    const int32_t i = id_of(t, id, "vocab entry " + token);
+    bpe.vocab[token] = i;
+    t.model_tokens[i] = token;
   }
   bpe.continuing_subword_prefix = m.value("continuing_subword_prefix", json()).is_string()
                                       ? m["continuing_subword_prefix"].get<std::string>() : "";
@@ -779,8 +725,10 @@ void load_model(TokenizerImpl& t, const json& m) {
     if (it == bpe.vocab.end()) t.fail("unk_token " + unk + " is not in the vocabulary");
     bpe.unk_id = it->second;
   }
-  const json merges = m.value("merges", json::array());
+  static const json kNoMerges = json::array();
+  const json& merges = m.contains("merges") ? m["merges"] : kNoMerges;
   if (!merges.is_array()) t.fail("model \"merges\" is not an array");
+  bpe.reserve_merges(merges.size());
   const size_t prefix_len = bpe.continuing_subword_prefix.size();
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const json& mj = merges[rank];
@@ -808,22 +756,18 @@ void load_added_tokens(TokenizerImpl& t, const json& list) {
   if (!list.is_array()) t.fail("\"added_tokens\" is not an array");
   t.added.reserve(list.size());  // pointers into `added` are kept by the maps below
   for (const json& a : list) {
-    AddedToken tok{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),
-                   a.value("single_word", false), a.value("lstrip", false), a.value("rstrip", false),
-                   a.value("normalized", !a.value("special", false))};
-    if (tok.id < 0) t.fail("added token " + tok.content + " has a negative id");
-    t.added.push_back(std::move(tok));
+    const std::string content = a.at("content").get<std::string>();
+    const bool special = a.value("special", false), normalized = a.value("normalized", !special);
+    std::string text = content;
+    if (normalized) t.normalize(text);
+    t.added.push_back({content, id_of(t, a.at("id"), "added token " + content), special,
+                       a.value("single_word", false), a.value("lstrip", false), a.value("rstrip", false), normalized,
+                       std::move(text)});
   }
   for (const AddedToken& tok : t.added) {
     t.added_by_text[tok.content] = tok.id;
     t.added_by_id[tok.id] = &tok;
-    if (tok.normalized) {
-      std::string content = tok.content;
-      t.normalize(content);
-      t.normalized_matcher.add(content, &tok);
-    } else {
-      t.raw_matcher.add(tok.content, &tok);
-    }
+    (tok.normalized ? t.normalized_matcher : t.raw_matcher).add(tok.text, &tok);
   }
 }
 
@@ -854,7 +798,7 @@ std::string TokenizerImpl::decode(std::span<const int32_t> ids, bool skip_specia
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
     if (auto a = added_by_id.find(id); a != added_by_id.end()) {
-      if (!(skip_special && a->second->special)) tokens.push_back(a->second->content);
+      if (!(skip_special && a->second->special)) tokens.push_back(a->second->text);
     } else if (auto m = model_tokens.find(id); m != model_tokens.end()) {
       tokens.push_back(m->second);
     }
@@ -925,7 +869,7 @@ std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
 }
 
 std::string Tokenizer::token_text(int32_t id) const {
-  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) return it->second->content;
+  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) return it->second->text;
   if (auto it = impl_->model_tokens.find(id); it != impl_->model_tokens.end()) return it->second;
   throw core::InputError(impl_->file + ": no token has id " + std::to_string(id));
 }

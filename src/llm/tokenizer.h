@@ -8,8 +8,8 @@
 //
 // Invalid UTF-8 input never throws: regexes see an invalid byte as matching nothing (so it lands in
 // a piece of its own), byte-level tokenizers keep the raw byte (decode(encode(s)) gives it back),
-// and the BPE model treats it as a one-byte symbol (byte fallback `<0xNN>` or `unk`). Decoded text
-// is valid UTF-8: invalid byte runs become U+FFFD as in `tokenizers`.
+// and the BPE model treats each invalid byte run as one symbol (byte fallback `<0xNN>` per byte, or
+// `unk`). Decoded text is valid UTF-8: invalid byte runs become U+FFFD as in `tokenizers`.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,10 @@
 
 #include <pcre2.h>
 
+#include <algorithm>
 #include <stdexcept>
+
+#include "core/error.h"
 
 namespace gpulab::llm::detail {
 
@@ -127,15 +130,83 @@ std::optional<uint8_t> char_to_byte(uint32_t cp) {
   return static_cast<uint8_t>(t[cp]);
 }
 
+namespace {
+
+struct Segment {
+  size_t begin, end;
+  bool is_match;
+};
+
+// The whole text cut into matches and the gaps between them (Pattern::find_matches).
+std::vector<Segment> segments(std::string_view text, const std::vector<Range>& matches, bool invert) {
+  if (text.empty()) return {{0, 0, false}};
+  std::vector<Segment> out;
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    if (prev != b) out.push_back({prev, b, invert});
+    out.push_back({b, e, !invert});
+    prev = e;
+  }
+  if (prev != text.size()) out.push_back({prev, text.size(), invert});
+  return out;
+}
+
+}  // namespace
+
+std::vector<Range> split_ranges(std::string_view text, const std::vector<Range>& matches, SplitBehavior behavior,
+                                bool invert) {
+  const std::vector<Segment> segs = segments(text, matches, invert);
+  std::vector<Range> out;
+  bool previous_match = false;
+  switch (behavior) {
+    case SplitBehavior::kIsolated:
+      for (const Segment& s : segs) out.emplace_back(s.begin, s.end);
+      break;
+    case SplitBehavior::kRemoved:
+      for (const Segment& s : segs)
+        if (!s.is_match) out.emplace_back(s.begin, s.end);
+      break;
+    case SplitBehavior::kContiguous:
+      for (const Segment& s : segs) {
+        if (s.is_match == previous_match && !out.empty())
+          out.back().second = s.end;
+        else
+          out.emplace_back(s.begin, s.end);
+        previous_match = s.is_match;
+      }
+      break;
+    case SplitBehavior::kMergedWithPrevious:
+      for (const Segment& s : segs) {
+        if (s.is_match && !previous_match && !out.empty())
+          out.back().second = s.end;
+        else
+          out.emplace_back(s.begin, s.end);
+        previous_match = s.is_match;
+      }
+      break;
+    case SplitBehavior::kMergedWithNext:
+      for (auto it = segs.rbegin(); it != segs.rend(); ++it) {
+        if (it->is_match && !previous_match && !out.empty())
+          out.back().first = it->begin;
+        else
+          out.emplace_back(it->begin, it->end);
+        previous_match = it->is_match;
+      }
+      std::reverse(out.begin(), out.end());
+      break;
+  }
+  return out;
+}
+
 struct Regex::Code {
   pcre2_code* code = nullptr;
   ~Code() { pcre2_code_free(code); }
 };
 
-Regex::Regex(std::string_view pattern, bool literal) {
+Regex::Regex(std::string_view pattern) {
   int error = 0;
   PCRE2_SIZE offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
+  const uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF;
   auto code = std::make_shared<Code>();
   code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error,
                              &offset, nullptr);
@@ -162,7 +233,7 @@ std::vector<Range> Regex::find_all(std::string_view subject) const {
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      throw std::runtime_error(std::string("regex match failed: ") + reinterpret_cast<const char*>(message));
+      throw core::Error(std::string("tokenizer regex match failed: ") + reinterpret_cast<const char*>(message));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     const size_t begin = ov[0], end = ov[1];

@@ -39,12 +39,20 @@ std::optional<uint8_t> char_to_byte(uint32_t code_point);
 
 using Range = std::pair<size_t, size_t>;  // [begin, end) in bytes
 
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+// NormalizedString::split of `tokenizers`: the pieces a text is cut into, given the matches of the
+// delimiter pattern (sorted, non-overlapping) and what to do with them. `invert` makes the
+// matches the content and the gaps the delimiters. Empty ranges may be returned.
+std::vector<Range> split_ranges(std::string_view text, const std::vector<Range>& matches, SplitBehavior behavior,
+                                bool invert = false);
+
 // A compiled PCRE2 pattern (UTF, UCP; invalid UTF-8 in the subject matches nothing). Shareable
 // between threads: match data is per call.
 class Regex {
  public:
   // Throws std::invalid_argument with PCRE2's message and the offset when it does not compile.
-  explicit Regex(std::string_view pattern, bool literal = false);
+  explicit Regex(std::string_view pattern);
   // Non-overlapping matches left to right; an empty match right after the previous match is
   // skipped, as Oniguruma's find_iter does.
   std::vector<Range> find_all(std::string_view subject) const;

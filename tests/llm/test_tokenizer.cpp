@@ -5,9 +5,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "llm/tokenizer.h"
+#include "llm/tokenizer_text.h"
 
 using gpulab::core::InputError;
 using gpulab::llm::Tokenizer;
@@ -143,6 +145,28 @@ TEST_P(FixtureTest, RandomBytesNeverThrow) {
     for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < tok.vocab_size());
     ASSERT_NO_THROW(tok.decode(ids));
   }
+}
+
+// One tokenizer shared by threads (as the server does) gives each the same ids as alone.
+TEST_P(FixtureTest, ConcurrentEncodeIsConsistent) {
+  const Tokenizer tok = Tokenizer::from_file(kData / GetParam());
+  std::mt19937 rng(5);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 400; ++i) texts.push_back(random_text(rng, 30));
+  const Tokenizer alone = Tokenizer::from_file(kData / GetParam());  // its own cache
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& t : texts) expected.push_back(alone.encode(t));
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      for (size_t i = 0; i < texts.size(); ++i) {
+        const size_t k = (i * 7 + w * 101) % texts.size();
+        if (tok.encode(texts[k]) != expected[k]) ++wrong[w];
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(HuggingFace, FixtureTest, ::testing::Values("tokenizer_bytelevel", "tokenizer_spm"));
@@ -323,6 +347,119 @@ TEST_F(TokenizerFile, MetaspaceRoundTrips) {
   EXPECT_EQ(tok.encode(" leading space"), tok.encode("leading space"));
   // "first": only the piece at the start of the input gets the "▁", not the one after </s>.
   EXPECT_EQ(tok.encode("a</s>a"), concat({tok.encode("a"), {2}, {*tok.token_id("a")}}));
+}
+
+// A `normalized` added token is matched in the normalized text, and (as `tokenizers` does) is
+// shown in its normalized form: here the Prepend normalizer gives it a leading "▁".
+TEST_F(TokenizerFile, NormalizedAddedToken) {
+  json j = read_json(kData / "tokenizer_spm" / "tokenizer.json");
+  j["added_tokens"].push_back({{"id", 1024}, {"content", "don"}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", true}, {"special", false}});
+  const Tokenizer tok = Tokenizer::from_file(write(j));
+  EXPECT_EQ(tok.encode("a don"), (std::vector<int32_t>{354, 324, 1024}));
+  EXPECT_EQ(tok.encode("adon"), Tokenizer::from_file(kData / "tokenizer_spm").encode("adon"));
+  EXPECT_EQ(tok.token_id("don"), 1024);
+  EXPECT_EQ(tok.token_text(1024), "\xE2\x96\x81" "don");
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{354, 1024}), " don");
+}
+
+// Strip and regex Replace normalizers, and a Split pre-tokenizer that removes its delimiters.
+TEST_F(TokenizerFile, NormalizersAndRemovedSplit) {
+  json j = read_json(kData / "tokenizer_bytelevel" / "tokenizer.json");
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  const Tokenizer whole = Tokenizer::from_file(write(j));  // no splitting at all
+  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [
+      {"type": "Strip", "strip_left": true, "strip_right": true},
+      {"type": "Replace", "pattern": {"Regex": "[0-9]+"}, "content": "#"}]})");
+  const Tokenizer normalizing = Tokenizer::from_file(write(j));
+  EXPECT_EQ(normalizing.encode(" \t abc 123 def45\u3000\n"), whole.encode("abc # def#"));
+  EXPECT_EQ(normalizing.encode(" \t "), std::vector<int32_t>{});
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]})");
+  const Tokenizer splitting = Tokenizer::from_file(write(j));
+  EXPECT_EQ(splitting.encode("Hello  world trains"),
+            concat({whole.encode("Hello"), whole.encode("world"), whole.encode("trains")}));
+  EXPECT_NE(whole.encode("Hello world"), concat({whole.encode("Hello"), whole.encode("world")}));
+}
+
+// lstrip / rstrip / single_word on added tokens (RoBERTa's <mask> uses lstrip).
+TEST_F(TokenizerFile, AddedTokenOptions) {
+  json j = read_json(kData / "tokenizer_bytelevel" / "tokenizer.json");
+  const Tokenizer base = Tokenizer::from_file(kData / "tokenizer_bytelevel");
+  const auto add = [&](const std::string& content, int id, bool lstrip, bool rstrip, bool single_word) {
+    j["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", single_word}, {"lstrip", lstrip},
+                                 {"rstrip", rstrip}, {"normalized", false}, {"special", false}});
+  };
+  add("<mask>", 1024, true, false, false);
+  add("<pad>", 1025, false, true, false);
+  add("cat", 1026, false, false, true);
+  const Tokenizer tok = Tokenizer::from_file(write(j));
+  EXPECT_EQ(tok.vocab_size(), 1027);
+  // lstrip: the spaces before <mask> belong to it.
+  EXPECT_EQ(tok.encode("Hello  <mask>!"), concat({base.encode("Hello"), {1024}, base.encode("!")}));
+  // rstrip: the spaces after <pad> belong to it.
+  EXPECT_EQ(tok.encode("a <pad> \t b"), concat({base.encode("a "), {1025}, base.encode("b")}));
+  // single_word: only where no word character touches it.
+  EXPECT_EQ(tok.encode("a cat."), concat({base.encode("a "), {1026}, base.encode(".")}));
+  EXPECT_EQ(tok.encode("concatenate"), base.encode("concatenate"));
+  EXPECT_EQ(tok.encode("cats"), base.encode("cats"));
+  // Word characters are Unicode \w (marks, letter numbers, joiners included), as `tokenizers` has them.
+  EXPECT_EQ(tok.encode("\u0301cat"), base.encode("\u0301cat"));
+  EXPECT_EQ(tok.encode("\u216Bcat"), base.encode("\u216Bcat"));
+  EXPECT_EQ(tok.encode("\u00BDcat"), concat({base.encode("\u00BD"), {1026}}));
+  // Longest match first: "<mask>" wins over a shorter token that starts the same way.
+  add("<ma", 1027, false, false, false);
+  const Tokenizer longest = Tokenizer::from_file(write(j));
+  EXPECT_EQ(longest.encode("<mask><ma"), (std::vector<int32_t>{1024, 1027}));
+  EXPECT_FALSE(longest.is_special(1024));
+  EXPECT_EQ(longest.decode(std::vector<int32_t>{1024, 1027}, true), "<mask><ma");
+}
+
+// The delimiter behaviours, on the example of the `tokenizers` documentation.
+TEST(TokenizerText, SplitBehaviors) {
+  using namespace gpulab::llm::detail;
+  const std::string text = "the-final--countdown";
+  std::vector<Range> dashes;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] == '-') dashes.emplace_back(i, i + 1);
+  const auto pieces = [&](SplitBehavior b, bool invert = false) {
+    std::vector<std::string> out;
+    for (const auto& [s, e] : split_ranges(text, dashes, b, invert)) out.push_back(text.substr(s, e - s));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces(SplitBehavior::kRemoved), (V{"the", "final", "countdown"}));
+  EXPECT_EQ(pieces(SplitBehavior::kIsolated), (V{"the", "-", "final", "-", "-", "countdown"}));
+  EXPECT_EQ(pieces(SplitBehavior::kMergedWithPrevious), (V{"the-", "final-", "-", "countdown"}));
+  EXPECT_EQ(pieces(SplitBehavior::kMergedWithNext), (V{"the", "-final", "-", "-countdown"}));
+  EXPECT_EQ(pieces(SplitBehavior::kContiguous), (V{"the", "-", "final", "--", "countdown"}));
+  // Inverted: the dashes are the content, the words the delimiters.
+  EXPECT_EQ(pieces(SplitBehavior::kRemoved, true), (V{"-", "-", "-"}));
+  EXPECT_EQ(pieces(SplitBehavior::kMergedWithNext, true), (V{"the-", "final-", "-", "countdown"}));
+}
+
+// Invalid UTF-8 becomes U+FFFD per maximal invalid run, as Rust's from_utf8_lossy does.
+TEST(TokenizerText, LossyUtf8MatchesRust) {
+  using gpulab::llm::detail::utf8_lossy;
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(utf8_lossy("Hello \xF0\x90\x80World"), "Hello " + r + "World");
+  EXPECT_EQ(utf8_lossy("\xE0\x80"), r + r);          // E0 needs A0..BF next
+  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), r + r + r);  // a surrogate
+  EXPECT_EQ(utf8_lossy("\xF4\x90\x80\x80"), r + r + r + r);  // above U+10FFFF
+  EXPECT_EQ(utf8_lossy("a\xC3"), "a" + r);
+  EXPECT_EQ(utf8_lossy("\xC3\xA9\xF0\x9F\x9A\x80"), "\xC3\xA9\xF0\x9F\x9A\x80");
+}
+
+// Empty matches follow Oniguruma's find_iter: none right after the previous match.
+TEST(TokenizerText, RegexEmptyMatches) {
+  using namespace gpulab::llm::detail;
+  EXPECT_EQ(Regex("a*").find_all("baac"), (std::vector<Range>{{0, 0}, {1, 3}, {4, 4}}));
+  EXPECT_EQ(Regex("\\p{L}+").find_all("ab 12 \xC3\xA9t\xC3\xA9"), (std::vector<Range>{{0, 2}, {6, 11}}));
+  // An invalid byte matches nothing, not even [^x].
+  EXPECT_EQ(Regex("[^x]+").find_all("ab\xFF" "cd"), (std::vector<Range>{{0, 2}, {3, 5}}));
+  EXPECT_THROW(Regex("(unclosed"), std::invalid_argument);
 }
 
 }  // namespace

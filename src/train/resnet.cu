@@ -1,0 +1,597 @@
+// ResNet forward/backward: cuDNN convolutions (legacy API, algorithms from the v7 heuristics),
+// cuDNN BatchNorm, cuDNN max pooling, and small kernels for ReLU, residual add, global average
+// pooling and the loss. One conv+BN(+ReLU) is a ConvLayer; its buffers hold what backward needs.
+#include <algorithm>
+#include <cfloat>
+#include <string>
+
+#include "blas/matmul.h"
+#include "core/dtype_dispatch.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "train/resnet.h"
+
+namespace gpulab::train {
+
+namespace {
+
+constexpr double kBnEpsilon = 1e-5;
+constexpr double kBnMomentum = 0.1;  // torch's running-stat momentum
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) { return unsigned(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 65535 * 8)); }
+
+cudnnDataType_t cudnn_type(core::DType dt) {
+  switch (dt) {
+    case core::DType::f32: return CUDNN_DATA_FLOAT;
+    case core::DType::f16: return CUDNN_DATA_HALF;
+    case core::DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: throw core::InputError("training precision must be fp32, tf32, fp16 or bf16");
+  }
+}
+
+// ---- elementwise kernels (T: float, __half, __nv_bfloat16; arithmetic in float) ----
+
+#define GRID_STRIDE(i, n) for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+template <class T>
+__global__ void relu_kernel(T* x, int64_t n) {
+  GRID_STRIDE(i, n) x[i] = T(fmaxf(float(x[i]), 0.f));
+}
+
+// d = out > 0 ? d : 0, in place (ReLU backward from its output).
+template <class T>
+__global__ void relu_backward_kernel(const T* out, T* d, int64_t n) {
+  GRID_STRIDE(i, n) if (!(float(out[i]) > 0.f)) d[i] = T(0.f);
+}
+
+template <class T>
+__global__ void add_relu_kernel(const T* a, const T* b, T* y, int64_t n) {
+  GRID_STRIDE(i, n) y[i] = T(fmaxf(float(a[i]) + float(b[i]), 0.f));
+}
+
+template <class T>
+__global__ void masked_copy_kernel(const T* y, const T* dy, T* d, int64_t n) {
+  GRID_STRIDE(i, n) d[i] = float(y[i]) > 0.f ? dy[i] : T(0.f);
+}
+
+template <class T>
+__global__ void add_into_kernel(T* dst, const T* src, int64_t n) {
+  GRID_STRIDE(i, n) dst[i] = T(float(dst[i]) + float(src[i]));
+}
+
+template <class T>
+__global__ void cast_kernel(const float* src, T* dst, int64_t n) {
+  GRID_STRIDE(i, n) dst[i] = T(src[i]);
+}
+
+template <class T>
+__global__ void accumulate_kernel(float* dst, const T* src, int64_t n, int accumulate) {
+  GRID_STRIDE(i, n) dst[i] = (accumulate ? dst[i] : 0.f) + float(src[i]);
+}
+
+// feat[n][c] = mean over h, w of x[n][h][w][c].
+template <class T>
+__global__ void avgpool_kernel(const T* x, float* feat, int batch, int hw, int channels) {
+  GRID_STRIDE(i, int64_t(batch) * channels) {
+    const int64_t n = i / channels, c = i % channels;
+    float s = 0.f;
+    for (int p = 0; p < hw; ++p) s += float(x[(n * hw + p) * channels + c]);
+    feat[i] = s / float(hw);
+  }
+}
+
+template <class T>
+__global__ void avgpool_backward_kernel(const float* dfeat, T* dx, int batch, int hw, int channels) {
+  GRID_STRIDE(i, int64_t(batch) * hw * channels) {
+    const int64_t c = i % channels, n = i / (int64_t(hw) * channels);
+    dx[i] = T(dfeat[n * channels + c] / float(hw));
+  }
+}
+
+#undef GRID_STRIDE
+
+template <class Op>
+__device__ float block_reduce(float v, Op op) {
+  __shared__ float part[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = part[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = op(r, part[w]);
+  return r;
+}
+
+__global__ void add_bias_kernel(float* logits, const float* bias, int batch, int classes) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < int64_t(batch) * classes;
+       i += int64_t(gridDim.x) * blockDim.x)
+    logits[i] += bias[i % classes];
+}
+
+// One block per row: softmax cross-entropy with label smoothing s:
+//   loss = lse - (1 - s) z_y - s/K sum_c z_c
+//   dz_c = (softmax_c - (1 - s)[c == y] - s/K) * grad_weight * loss_scale
+__global__ void loss_kernel(const float* logits, const int32_t* labels, int classes, float smoothing,
+                            float grad_weight, const LossScaleState* scaler, float* dlogits, float* row_loss,
+                            int* row_correct) {
+  const float* z = logits + int64_t(blockIdx.x) * classes;
+  float* dz = dlogits + int64_t(blockIdx.x) * classes;
+  const int y = labels[blockIdx.x];
+  float local_max = -FLT_MAX, local_sum_z = 0.f;
+  for (int c = threadIdx.x; c < classes; c += blockDim.x) {
+    local_max = fmaxf(local_max, z[c]);
+    local_sum_z += z[c];
+  }
+  const float zmax = block_reduce(local_max, [](float a, float b) { return fmaxf(a, b); });
+  const float sum_z = block_reduce(local_sum_z, [](float a, float b) { return a + b; });
+  float local_exp = 0.f;
+  for (int c = threadIdx.x; c < classes; c += blockDim.x) local_exp += expf(z[c] - zmax);
+  const float lse = zmax + logf(block_reduce(local_exp, [](float a, float b) { return a + b; }));
+  const float scale = grad_weight * (scaler ? scaler->scale : 1.f);
+  const float off = smoothing / float(classes);
+  for (int c = threadIdx.x; c < classes; c += blockDim.x)
+    dz[c] = (expf(z[c] - lse) - (c == y ? 1.f - smoothing : 0.f) - off) * scale;
+  if (threadIdx.x == 0) {
+    row_loss[blockIdx.x] = lse - (1.f - smoothing) * z[y] - off * sum_z;
+    row_correct[blockIdx.x] = z[y] >= zmax;
+  }
+}
+
+// dbias[c] (+)= sum_n dz[n][c]
+__global__ void bias_grad_kernel(const float* dz, float* dbias, int batch, int classes, int accumulate) {
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < classes; c += gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int n = 0; n < batch; ++n) s += dz[int64_t(n) * classes + c];
+    dbias[c] = (accumulate ? dbias[c] : 0.f) + s;
+  }
+}
+
+}  // namespace
+
+struct ConvLayer {
+  ConvSpec spec;
+  int in_h = 0, in_w = 0, out_h = 0, out_w = 0;
+  cudnnTensorDescriptor_t x_desc{}, y_desc{}, bn_desc{};
+  cudnnFilterDescriptor_t w_desc{};
+  cudnnConvolutionDescriptor_t conv_desc{};
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  float *w = nullptr, *gamma = nullptr, *beta = nullptr;  // fp32 masters
+  float *dw = nullptr, *dgamma = nullptr, *dbeta = nullptr;
+  void* w_work = nullptr;  // the weights the conv reads (== w for fp32)
+  int64_t w_count = 0;
+  const void* in = nullptr;
+  void* d_in = nullptr;  // null for the stem
+  core::DeviceBuffer<std::byte> conv_out, out, d_out_own;
+  void* d_out = nullptr;  // d_out_own, or the block's shared gradient for a last/shortcut conv
+  core::DeviceBuffer<float> save_mean, save_inv_var, run_mean, run_var;
+};
+
+struct Block {
+  std::vector<int> convs;
+  int shortcut = -1;
+  const void* in = nullptr;
+  void* d_in = nullptr;
+  core::DeviceBuffer<std::byte> y, dy, d_sum;
+  int64_t elems = 0;
+};
+
+struct ResNet::Impl {
+  ModelOptions opt;
+  ResNetLayout layout;
+  std::vector<ParamSpec> specs;
+  int64_t total = 0;
+  size_t elem = 4;
+  cudnnHandle_t cudnn{};
+  blas::Blas blas;
+  core::DeviceBuffer<float> params, grads;
+  core::DeviceBuffer<std::byte> work;  // working copies of conv weights (fp16/bf16 runs)
+  core::DeviceBuffer<std::byte> dw_work, workspace;
+  std::vector<ConvLayer> convs;
+  std::vector<Block> blocks;
+  cudnnPoolingDescriptor_t pool_desc{};
+  cudnnTensorDescriptor_t pool_out_desc{};
+  core::DeviceBuffer<std::byte> pool_out, d_pool_out;
+  int final_hw = 0;
+  float *fc_w = nullptr, *fc_b = nullptr, *fc_dw = nullptr, *fc_db = nullptr;
+  core::DeviceBuffer<float> feat, dfeat, logits, dlogits, row_loss;
+  core::DeviceBuffer<int> row_correct;
+
+  explicit Impl(const ModelOptions& o);
+  ~Impl();
+  void build_conv(ConvLayer& L, int in_h, int in_w);
+  void conv_forward(ConvLayer& L, bool training, cudaStream_t s);
+  void conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s);
+
+  template <class F>
+  void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
+};
+
+ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net)), specs(resnet_params(layout)) {
+  cudnn_type(opt.dtype);  // rejects dtypes cuDNN training does not take
+  if (opt.batch < 1 || opt.image_size < 32) throw core::InputError("training needs batch >= 1 and images of at least 32x32");
+  elem = core::dtype_size(opt.dtype);
+  GPULAB_CHECK(cudnnCreate(&cudnn));
+  total = resnet_param_count(layout);
+  params = core::DeviceBuffer<float>(size_t(total));
+  grads = core::DeviceBuffer<float>(size_t(total));
+  const std::vector<float> init = resnet_init(layout, opt.seed);
+  GPULAB_CHECK(cudaMemcpy(params.get(), init.data(), init.size() * sizeof(float), cudaMemcpyHostToDevice));
+  GPULAB_CHECK(cudaMemset(grads.get(), 0, grads.bytes()));
+  if (opt.dtype != core::DType::f32) work = core::DeviceBuffer<std::byte>(size_t(total) * elem);
+
+  // Parameter pointers, in resnet_params order (3 per conv, then fc weight and bias).
+  convs.resize(layout.convs.size());
+  int64_t off = 0;
+  int64_t max_w = 0;
+  for (size_t i = 0; i < layout.convs.size(); ++i) {
+    ConvLayer& L = convs[i];
+    L.spec = layout.convs[i];
+    L.w_count = specs[3 * i].count;
+    max_w = std::max(max_w, L.w_count);
+    L.w = params.get() + off;
+    L.dw = grads.get() + off;
+    L.w_work = work.get() ? static_cast<void*>(work.get() + off * elem) : static_cast<void*>(L.w);
+    off += L.w_count;
+    L.gamma = params.get() + off, L.dgamma = grads.get() + off;
+    off += L.spec.out;
+    L.beta = params.get() + off, L.dbeta = grads.get() + off;
+    off += L.spec.out;
+  }
+  fc_w = params.get() + off, fc_dw = grads.get() + off;
+  off += int64_t(layout.classes) * layout.features;
+  fc_b = params.get() + off, fc_db = grads.get() + off;
+  if (opt.dtype != core::DType::f32) dw_work = core::DeviceBuffer<std::byte>(size_t(max_w) * elem);
+
+  // Shapes, descriptors and buffers, in forward order.
+  build_conv(convs[0], opt.image_size, opt.image_size);
+  ConvLayer& stem = convs[0];
+  GPULAB_CHECK(cudnnCreatePoolingDescriptor(&pool_desc));
+  GPULAB_CHECK(cudnnSetPooling2dDescriptor(pool_desc, CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN, 3, 3, 1, 1, 2, 2));
+  int pn, pc, ph, pw;
+  GPULAB_CHECK(cudnnGetPooling2dForwardOutputDim(pool_desc, stem.y_desc, &pn, &pc, &ph, &pw));
+  GPULAB_CHECK(cudnnCreateTensorDescriptor(&pool_out_desc));
+  GPULAB_CHECK(cudnnSetTensor4dDescriptor(pool_out_desc, CUDNN_TENSOR_NHWC, cudnn_type(opt.dtype), pn, pc, ph, pw));
+  pool_out = core::DeviceBuffer<std::byte>(size_t(pn) * pc * ph * pw * elem);
+  d_pool_out = core::DeviceBuffer<std::byte>(pool_out.size());
+
+  const void* in = pool_out.get();
+  void* d_in = d_pool_out.get();
+  int h = ph, w = pw;
+  blocks.resize(layout.blocks.size());
+  for (size_t b = 0; b < layout.blocks.size(); ++b) {
+    Block& B = blocks[b];
+    B.convs = layout.blocks[b].convs;
+    B.shortcut = layout.blocks[b].shortcut;
+    B.in = in;
+    B.d_in = d_in;
+    const void* x = in;
+    int xh = h, xw = w;
+    for (size_t j = 0; j < B.convs.size(); ++j) {
+      ConvLayer& L = convs[B.convs[j]];
+      L.in = x;
+      L.d_in = j == 0 ? d_in : convs[B.convs[j - 1]].d_out;
+      build_conv(L, xh, xw);
+      x = L.out.get();
+      xh = L.out_h, xw = L.out_w;
+    }
+    ConvLayer& last = convs[B.convs.back()];
+    B.elems = int64_t(opt.batch) * last.out_h * last.out_w * last.spec.out;
+    B.y = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
+    B.dy = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
+    B.d_sum = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
+    last.d_out = B.d_sum.get();  // the last conv's BN output gradient is the masked sum gradient
+    if (B.shortcut >= 0) {
+      ConvLayer& S = convs[B.shortcut];
+      S.in = in;
+      S.d_in = d_in;
+      build_conv(S, h, w);
+      S.d_out = B.d_sum.get();
+    }
+    in = B.y.get();
+    d_in = B.dy.get();
+    h = last.out_h, w = last.out_w;
+  }
+  final_hw = h * w;
+  feat = core::DeviceBuffer<float>(size_t(opt.batch) * layout.features);
+  dfeat = core::DeviceBuffer<float>(feat.size());
+  logits = core::DeviceBuffer<float>(size_t(opt.batch) * layout.classes);
+  dlogits = core::DeviceBuffer<float>(logits.size());
+  row_loss = core::DeviceBuffer<float>(size_t(opt.batch));
+  row_correct = core::DeviceBuffer<int>(size_t(opt.batch));
+
+  // One workspace for the largest algorithm chosen.
+  size_t ws = 0;
+  for (const auto& L : convs) {
+    size_t a = 0, b = 0, c = 0;
+    GPULAB_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, L.fwd, &a));
+    GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, L.bwd_data, &b));
+    GPULAB_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc, L.bwd_filter, &c));
+    ws = std::max({ws, a, b, c});
+  }
+  workspace = core::DeviceBuffer<std::byte>(ws);
+  if (work.get()) {
+    dispatch([&]<class T>() {
+      cast_kernel<T><<<blocks_for(total), kThreads>>>(params.get(), reinterpret_cast<T*>(work.get()), total);
+    });
+    GPULAB_CHECK_LAUNCH();
+  }
+  GPULAB_CHECK(cudaDeviceSynchronize());
+}
+
+ResNet::Impl::~Impl() {
+  for (auto& L : convs) {
+    GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(L.x_desc));
+    GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(L.y_desc));
+    GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(L.bn_desc));
+    GPULAB_CHECK_NOTHROW(cudnnDestroyFilterDescriptor(L.w_desc));
+    GPULAB_CHECK_NOTHROW(cudnnDestroyConvolutionDescriptor(L.conv_desc));
+  }
+  GPULAB_CHECK_NOTHROW(cudnnDestroyPoolingDescriptor(pool_desc));
+  GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(pool_out_desc));
+  GPULAB_CHECK_NOTHROW(cudnnDestroy(cudnn));
+}
+
+namespace {
+
+// The first heuristic choice that succeeds, fits the workspace limit and, for strict fp32,
+// does not use tensor cores (which would round inputs to TF32).
+template <class Perf>
+auto pick(const Perf* perfs, int count, size_t limit, bool strict, const std::string& what) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perfs[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > limit) continue;
+    if (strict && (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) continue;
+    return p.algo;
+  }
+  throw core::Error("cuDNN offers no " + what + " algorithm for this convolution within the workspace limit");
+}
+
+}  // namespace
+
+void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
+  const cudnnDataType_t dt = cudnn_type(opt.dtype);
+  const ConvSpec& s = L.spec;
+  L.in_h = in_h, L.in_w = in_w;
+  GPULAB_CHECK(cudnnCreateTensorDescriptor(&L.x_desc));
+  GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.x_desc, CUDNN_TENSOR_NHWC, dt, opt.batch, s.in, in_h, in_w));
+  GPULAB_CHECK(cudnnCreateFilterDescriptor(&L.w_desc));
+  GPULAB_CHECK(cudnnSetFilter4dDescriptor(L.w_desc, dt, CUDNN_TENSOR_NHWC, s.out, s.in, s.kernel, s.kernel));
+  GPULAB_CHECK(cudnnCreateConvolutionDescriptor(&L.conv_desc));
+  GPULAB_CHECK(cudnnSetConvolution2dDescriptor(L.conv_desc, s.pad, s.pad, s.stride, s.stride, 1, 1,
+                                               CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  const bool strict = opt.dtype == core::DType::f32 && opt.math == core::MathMode::strict_fp32;
+  GPULAB_CHECK(cudnnSetConvolutionMathType(L.conv_desc, strict ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+  int n, c, h, w;
+  GPULAB_CHECK(cudnnGetConvolution2dForwardOutputDim(L.conv_desc, L.x_desc, L.w_desc, &n, &c, &h, &w));
+  L.out_h = h, L.out_w = w;
+  GPULAB_CHECK(cudnnCreateTensorDescriptor(&L.y_desc));
+  GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.y_desc, CUDNN_TENSOR_NHWC, dt, n, c, h, w));
+  GPULAB_CHECK(cudnnCreateTensorDescriptor(&L.bn_desc));
+  GPULAB_CHECK(cudnnDeriveBNTensorDescriptor(L.bn_desc, L.y_desc, CUDNN_BATCHNORM_SPATIAL));
+
+  cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  cudnnConvolutionBwdDataAlgoPerf_t bwd_data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  int got = 0;
+  GPULAB_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc,
+                                                      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
+  L.fwd = pick(fwd, got, opt.workspace_limit, strict, "forward");
+  GPULAB_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc,
+                                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data));
+  L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, "backward-data");
+  GPULAB_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc,
+                                                             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter));
+  L.bwd_filter = pick(bwd_filter, got, opt.workspace_limit, strict, "backward-filter");
+
+  const size_t bytes = size_t(n) * c * h * w * elem;
+  L.conv_out = core::DeviceBuffer<std::byte>(bytes);
+  L.out = core::DeviceBuffer<std::byte>(bytes);
+  L.d_out_own = core::DeviceBuffer<std::byte>(bytes);
+  L.d_out = L.d_out_own.get();
+  for (auto* b : {&L.save_mean, &L.save_inv_var, &L.run_mean, &L.run_var}) *b = core::DeviceBuffer<float>(size_t(c));
+  GPULAB_CHECK(cudaMemset(L.run_mean.get(), 0, L.run_mean.bytes()));
+  const std::vector<float> ones(size_t(c), 1.f);
+  GPULAB_CHECK(cudaMemcpy(L.run_var.get(), ones.data(), L.run_var.bytes(), cudaMemcpyHostToDevice));
+}
+
+void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
+  const float one = 1.f, zero = 0.f;
+  GPULAB_CHECK(cudnnConvolutionForward(cudnn, &one, L.x_desc, L.in, L.w_desc, L.w_work, L.conv_desc, L.fwd,
+                                       workspace.get(), workspace.bytes(), &zero, L.y_desc, L.conv_out.get()));
+  if (training) {
+    GPULAB_CHECK(cudnnBatchNormalizationForwardTraining(
+        cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, L.y_desc, L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc,
+        L.gamma, L.beta, kBnMomentum, L.run_mean.get(), L.run_var.get(), kBnEpsilon, L.save_mean.get(),
+        L.save_inv_var.get()));
+  } else {
+    GPULAB_CHECK(cudnnBatchNormalizationForwardInference(cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, L.y_desc,
+                                                         L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc, L.gamma,
+                                                         L.beta, L.run_mean.get(), L.run_var.get(), kBnEpsilon));
+  }
+  if (L.spec.relu) {
+    const int64_t n = int64_t(opt.batch) * L.out_h * L.out_w * L.spec.out;
+    dispatch([&]<class T>() { relu_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<T*>(L.out.get()), n); });
+    GPULAB_CHECK_LAUNCH();
+  }
+}
+
+// From d_out (gradient of this layer's output): ReLU mask, BN backward (into dgamma/dbeta),
+// weight gradient, and the input gradient into d_in scaled by beta_in (0: write, 1: add).
+void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s) {
+  const int64_t n = int64_t(opt.batch) * L.out_h * L.out_w * L.spec.out;
+  if (L.spec.relu) {
+    dispatch([&]<class T>() {
+      relu_backward_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<const T*>(L.out.get()),
+                                                                 reinterpret_cast<T*>(L.d_out), n);
+    });
+    GPULAB_CHECK_LAUNCH();
+  }
+  const float one = 1.f, zero = 0.f, param_beta = accumulate ? 1.f : 0.f;
+  // The gradient of the conv output goes into `out`: once the ReLU mask is applied nothing reads
+  // this layer's output again (the next layer, its only reader, has already run backward).
+  void* d_conv = L.out.get();
+  GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &param_beta,
+                                               L.y_desc, L.conv_out.get(), L.y_desc, L.d_out, L.y_desc, d_conv,
+                                               L.bn_desc, L.gamma, L.dgamma, L.dbeta, kBnEpsilon, L.save_mean.get(),
+                                               L.save_inv_var.get()));
+  if (opt.dtype == core::DType::f32) {
+    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, d_conv, L.conv_desc,
+                                                L.bwd_filter, workspace.get(), workspace.bytes(), &param_beta,
+                                                L.w_desc, L.dw));
+  } else {
+    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, d_conv, L.conv_desc,
+                                                L.bwd_filter, workspace.get(), workspace.bytes(), &zero, L.w_desc,
+                                                dw_work.get()));
+    dispatch([&]<class T>() {
+      accumulate_kernel<T><<<blocks_for(L.w_count), kThreads, 0, s>>>(L.dw, reinterpret_cast<const T*>(dw_work.get()),
+                                                                       L.w_count, accumulate);
+    });
+    GPULAB_CHECK_LAUNCH();
+  }
+  if (L.d_in)
+    GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, L.w_desc, L.w_work, L.y_desc, d_conv, L.conv_desc,
+                                              L.bwd_data, workspace.get(), workspace.bytes(), &beta_in, L.x_desc,
+                                              L.d_in));
+}
+
+ResNet::ResNet(const ModelOptions& opt) : impl_(std::make_unique<Impl>(opt)) {}
+ResNet::~ResNet() = default;
+
+void ResNet::forward(const void* images, bool training, cudaStream_t s) {
+  Impl& m = *impl_;
+  GPULAB_CHECK(cudnnSetStream(m.cudnn, s));
+  m.convs[0].in = images;
+  m.conv_forward(m.convs[0], training, s);
+  const float one = 1.f, zero = 0.f;
+  GPULAB_CHECK(cudnnPoolingForward(m.cudnn, m.pool_desc, &one, m.convs[0].y_desc, m.convs[0].out.get(), &zero,
+                                   m.pool_out_desc, m.pool_out.get()));
+  for (auto& B : m.blocks) {
+    for (int c : B.convs) m.conv_forward(m.convs[c], training, s);
+    const void* shortcut = B.in;
+    if (B.shortcut >= 0) {
+      m.conv_forward(m.convs[B.shortcut], training, s);
+      shortcut = m.convs[B.shortcut].out.get();
+    }
+    const void* main = m.convs[B.convs.back()].out.get();
+    m.dispatch([&]<class T>() {
+      add_relu_kernel<T><<<blocks_for(B.elems), kThreads, 0, s>>>(
+          reinterpret_cast<const T*>(main), reinterpret_cast<const T*>(shortcut), reinterpret_cast<T*>(B.y.get()), B.elems);
+    });
+    GPULAB_CHECK_LAUNCH();
+  }
+  const Block& last = m.blocks.back();
+  const int N = m.opt.batch, C = m.layout.features, K = m.layout.classes;
+  m.dispatch([&]<class T>() {
+    avgpool_kernel<T><<<blocks_for(int64_t(N) * C), kThreads, 0, s>>>(reinterpret_cast<const T*>(last.y.get()),
+                                                                      m.feat.get(), N, m.final_hw, C);
+  });
+  GPULAB_CHECK_LAUNCH();
+  // logits = feat · fc_wᵀ + fc_b
+  const blas::MatmulTypes f32{core::DType::f32, core::DType::f32, core::DType::f32, m.opt.math};
+  m.blas.matmul({N, K, C, false, true}, f32, m.feat.get(), m.fc_w, m.logits.get(), s);
+  add_bias_kernel<<<blocks_for(int64_t(N) * K), kThreads, 0, s>>>(m.logits.get(), m.fc_b, N, K);
+  GPULAB_CHECK_LAUNCH();
+}
+
+void ResNet::backward(const int32_t* labels, float loss_weight, bool accumulate, const LossScaleState* scaler,
+                      cudaStream_t s) {
+  Impl& m = *impl_;
+  GPULAB_CHECK(cudnnSetStream(m.cudnn, s));
+  const int N = m.opt.batch, C = m.layout.features, K = m.layout.classes;
+  loss_kernel<<<N, kThreads, 0, s>>>(m.logits.get(), labels, K, m.opt.label_smoothing, loss_weight / float(N),
+                                     scaler, m.dlogits.get(), m.row_loss.get(), m.row_correct.get());
+  GPULAB_CHECK_LAUNCH();
+  const blas::MatmulTypes f32{core::DType::f32, core::DType::f32, core::DType::f32, m.opt.math};
+  // fc_dw[K×C] (+)= dlogitsᵀ · feat ; dfeat[N×C] = dlogits · fc_w
+  m.blas.matmul({K, C, N, true, false}, f32, m.dlogits.get(), m.feat.get(), m.fc_dw, s, 1.f, accumulate ? 1.f : 0.f);
+  bias_grad_kernel<<<blocks_for(K), kThreads, 0, s>>>(m.dlogits.get(), m.fc_db, N, K, accumulate);
+  GPULAB_CHECK_LAUNCH();
+  m.blas.matmul({N, C, K, false, false}, f32, m.dlogits.get(), m.fc_w, m.dfeat.get(), s);
+  Block& last = m.blocks.back();
+  m.dispatch([&]<class T>() {
+    avgpool_backward_kernel<T><<<blocks_for(last.elems), kThreads, 0, s>>>(m.dfeat.get(), reinterpret_cast<T*>(last.dy.get()),
+                                                                           N, m.final_hw, C);
+  });
+  GPULAB_CHECK_LAUNCH();
+  for (auto it = m.blocks.rbegin(); it != m.blocks.rend(); ++it) {
+    Block& B = *it;
+    m.dispatch([&]<class T>() {
+      masked_copy_kernel<T><<<blocks_for(B.elems), kThreads, 0, s>>>(
+          reinterpret_cast<const T*>(B.y.get()), reinterpret_cast<const T*>(B.dy.get()),
+          reinterpret_cast<T*>(B.d_sum.get()), B.elems);
+    });
+    GPULAB_CHECK_LAUNCH();
+    for (auto c = B.convs.rbegin(); c != B.convs.rend(); ++c) m.conv_backward(m.convs[*c], accumulate, 0.f, s);
+    if (B.shortcut >= 0) {
+      m.conv_backward(m.convs[B.shortcut], accumulate, 1.f, s);
+    } else {
+      const int64_t n = B.elems;  // identity: the input has the output's shape
+      m.dispatch([&]<class T>() {
+        add_into_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<T*>(B.d_in),
+                                                              reinterpret_cast<const T*>(B.d_sum.get()), n);
+      });
+      GPULAB_CHECK_LAUNCH();
+    }
+  }
+  ConvLayer& stem = m.convs[0];
+  const float one = 1.f, zero = 0.f;
+  GPULAB_CHECK(cudnnPoolingBackward(m.cudnn, m.pool_desc, &one, m.pool_out_desc, m.pool_out.get(), m.pool_out_desc,
+                                    m.d_pool_out.get(), stem.y_desc, stem.out.get(), &zero, stem.y_desc, stem.d_out));
+  m.conv_backward(stem, accumulate, 0.f, s);
+}
+
+float ResNet::last_loss(cudaStream_t s) const {
+  std::vector<float> h(size_t(impl_->opt.batch));
+  GPULAB_CHECK(cudaMemcpyAsync(h.data(), impl_->row_loss.get(), impl_->row_loss.bytes(), cudaMemcpyDeviceToHost, s));
+  GPULAB_CHECK(cudaStreamSynchronize(s));
+  double sum = 0;
+  for (float v : h) sum += v;
+  return float(sum / double(h.size()));
+}
+
+int ResNet::last_correct(cudaStream_t s) const {
+  std::vector<int> h(size_t(impl_->opt.batch));
+  GPULAB_CHECK(cudaMemcpyAsync(h.data(), impl_->row_correct.get(), impl_->row_correct.bytes(), cudaMemcpyDeviceToHost, s));
+  GPULAB_CHECK(cudaStreamSynchronize(s));
+  int n = 0;
+  for (int v : h) n += v;
+  return n;
+}
+
+const float* ResNet::logits() const { return impl_->logits.get(); }
+float* ResNet::params() { return impl_->params.get(); }
+float* ResNet::grads() { return impl_->grads.get(); }
+int64_t ResNet::param_count() const { return impl_->total; }
+const std::vector<ParamSpec>& ResNet::param_specs() const { return impl_->specs; }
+const ModelOptions& ResNet::options() const { return impl_->opt; }
+
+std::vector<ParamTensor> ResNet::optimizer_params() {
+  Impl& m = *impl_;
+  std::vector<ParamTensor> out;
+  int64_t off = 0;
+  for (size_t i = 0; i < m.specs.size(); ++i) {
+    const bool conv_weight = i < 3 * m.convs.size() && i % 3 == 0;
+    void* copy = conv_weight && m.work.get() ? static_cast<void*>(m.work.get() + off * m.elem) : nullptr;
+    out.push_back({m.params.get() + off, m.grads.get() + off, m.specs[i].count, m.specs[i].decay, copy});
+    off += m.specs[i].count;
+  }
+  return out;
+}
+
+std::vector<GradView> ResNet::gradient_views() const {
+  return {{impl_->grads.get(), impl_->total}};  // one packed buffer
+}
+
+void ResNet::sync_working_copy(cudaStream_t s) {
+  Impl& m = *impl_;
+  if (!m.work.get()) return;
+  m.dispatch([&]<class T>() {
+    cast_kernel<T><<<blocks_for(m.total), kThreads, 0, s>>>(m.params.get(), reinterpret_cast<T*>(m.work.get()), m.total);
+  });
+  GPULAB_CHECK_LAUNCH();
+}
+
+}  // namespace gpulab::train

@@ -1,0 +1,66 @@
+// ResNet-N v1.5 training on the GPU: NHWC activations in fp32, fp16 or bf16, convolutions and
+// BatchNorm through cuDNN, the classifier in fp32 through cuBLASLt, softmax cross-entropy with
+// label smoothing. Parameters are fp32 masters (packed, torchvision order); fp16/bf16 runs keep
+// a working copy of the conv weights that the optimizer rewrites after each step.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/dtype.h"
+#include "train/loss_scale.h"
+#include "train/optimizer.h"
+#include "train/resnet_config.h"
+
+namespace gpulab::train {
+
+struct ModelOptions {
+  ResNetConfig net;
+  int batch = 256;
+  int image_size = 224;
+  core::DType dtype = core::DType::f32;              // activations and conv weights: f32, f16, bf16
+  core::MathMode math = core::MathMode::strict_fp32;  // f32 only: tf32 lets cuDNN/cuBLAS use TF32
+  uint64_t seed = 0;
+  float label_smoothing = 0.1f;
+  size_t workspace_limit = size_t(512) << 20;  // per convolution algorithm
+};
+
+class ResNet {
+ public:
+  explicit ResNet(const ModelOptions& opt);
+  ~ResNet();
+  ResNet(const ResNet&) = delete;
+  ResNet& operator=(const ResNet&) = delete;
+
+  // images: device, batch x size x size x 3 in opt.dtype. training: batch statistics (and
+  // running-stat updates) vs running statistics.
+  void forward(const void* images, bool training, cudaStream_t stream);
+  // Loss of the last forward against `labels` (device int32), then gradients of
+  // loss * loss_weight * scaler->scale added into grads() (or written, when !accumulate).
+  void backward(const int32_t* labels, float loss_weight, bool accumulate, const LossScaleState* scaler,
+                cudaStream_t stream);
+
+  // After backward: mean loss and correct top-1 count of the batch (synchronizes the stream).
+  float last_loss(cudaStream_t stream) const;
+  int last_correct(cudaStream_t stream) const;
+  const float* logits() const;  // device, batch x classes, fp32 (after forward)
+
+  float* params();  // fp32 masters, packed in resnet_params() order
+  float* grads();
+  int64_t param_count() const;
+  const std::vector<ParamSpec>& param_specs() const;
+  std::vector<ParamTensor> optimizer_params();  // with working-copy pointers where they exist
+  std::vector<GradView> gradient_views() const;
+  // Rewrites the working copies from the masters (after editing params() directly).
+  void sync_working_copy(cudaStream_t stream);
+  const ModelOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpulab::train

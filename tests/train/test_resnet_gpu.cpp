@@ -1,0 +1,221 @@
+// The cuDNN ResNet: gradients against finite differences, the loss head against hand-computed
+// values, gradient accumulation, low-precision forward against fp32, and loss going down.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "common/gpu.h"
+#include "core/dtype.h"
+#include "core/memory.h"
+#include "train/optimizer.h"
+#include "train/resnet.h"
+
+using namespace gpulab;
+using namespace gpulab::train;
+
+namespace {
+
+ModelOptions tiny(core::DType dt = core::DType::f32, int width = 8) {
+  ModelOptions o;
+  o.net = {18, 10, width, false};
+  o.batch = 4;
+  o.image_size = 32;
+  o.dtype = dt;
+  o.seed = 17;
+  o.label_smoothing = 0.1f;
+  return o;
+}
+
+struct Batch {
+  core::DeviceBuffer<std::byte> images;
+  core::DeviceBuffer<int32_t> labels;
+  std::vector<int32_t> host_labels;
+};
+
+Batch random_batch(const ModelOptions& o, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal;
+  const size_t n = size_t(o.batch) * o.image_size * o.image_size * 3;
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(gen);
+  Batch b{core::DeviceBuffer<std::byte>(n * core::dtype_size(o.dtype)), core::DeviceBuffer<int32_t>(size_t(o.batch)), {}};
+  std::vector<uint16_t> half(n);
+  const void* src = x.data();
+  if (o.dtype == core::DType::f16 || o.dtype == core::DType::bf16) {
+    for (size_t i = 0; i < n; ++i)
+      half[i] = o.dtype == core::DType::f16 ? core::float_to_f16_bits(x[i]) : core::float_to_bf16_bits(x[i]);
+    src = half.data();
+  }
+  GPULAB_CHECK(cudaMemcpy(b.images.get(), src, b.images.bytes(), cudaMemcpyHostToDevice));
+  for (int i = 0; i < o.batch; ++i) b.host_labels.push_back(int32_t(gen() % o.net.classes));
+  GPULAB_CHECK(cudaMemcpy(b.labels.get(), b.host_labels.data(), b.labels.bytes(), cudaMemcpyHostToDevice));
+  return b;
+}
+
+std::vector<float> download(const float* d, size_t n) {
+  std::vector<float> h(n);
+  GPULAB_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+float loss_at(ResNet& net, const Batch& b, cudaStream_t s) {
+  net.forward(b.images.get(), true, s);
+  net.backward(b.labels.get(), 1.f, false, nullptr, s);
+  return net.last_loss(s);
+}
+
+}  // namespace
+
+TEST(ResNetGpu, GradientsMatchFiniteDifferences) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const ModelOptions o = tiny();
+  ResNet net(o);
+  const Batch b = random_batch(o, std::random_device{}());
+  loss_at(net, b, s);
+  const std::vector<float> grads = download(net.grads(), size_t(net.param_count()));
+  for (float g : grads) ASSERT_TRUE(std::isfinite(g));
+  // One element per checked tensor: the one with the largest gradient (least FD noise).
+  const std::vector<std::string> names{"conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.conv1.weight",
+                                       "layer1.1.bn2.weight", "layer2.0.conv2.weight", "layer2.0.downsample.0.weight",
+                                       "layer3.0.bn1.bias", "layer3.1.conv1.weight", "layer4.0.downsample.1.weight",
+                                       "layer4.1.conv2.weight", "fc.weight", "fc.bias"};
+  int checked = 0, bad = 0;
+  int64_t off = 0;
+  for (const auto& p : net.param_specs()) {
+    const int64_t begin = off;
+    off += p.count;
+    if (std::find(names.begin(), names.end(), p.name) == names.end()) continue;
+    int64_t best = begin;
+    for (int64_t i = begin; i < begin + p.count; ++i)
+      if (std::abs(grads[i]) > std::abs(grads[best])) best = i;
+    float w;
+    GPULAB_CHECK(cudaMemcpy(&w, net.params() + best, 4, cudaMemcpyDeviceToHost));
+    const float h = 1e-3f * std::max(1.f, std::abs(w));
+    auto set = [&](float v) { GPULAB_CHECK(cudaMemcpy(net.params() + best, &v, 4, cudaMemcpyHostToDevice)); };
+    set(w + h);
+    const float up = loss_at(net, b, s);
+    set(w - h);
+    const float down = loss_at(net, b, s);
+    set(w);
+    const double fd = (double(up) - down) / (2.0 * h), g = grads[best];
+    const bool ok = std::abs(fd - g) <= 0.05 * std::abs(g) + 5e-4;
+    ++checked;
+    if (!ok) ++bad;
+    std::printf("%-32s grad %+.6e  finite diff %+.6e %s\n", p.name.c_str(), g, fd, ok ? "" : "  <-- differs");
+  }
+  EXPECT_EQ(checked, int(names.size()));
+  // A ReLU or max-pool kink inside +-h can spoil one difference; two means a wrong gradient.
+  EXPECT_LE(bad, 1);
+}
+
+TEST(ResNetGpu, ZeroClassifierGivesLogKLossAndHandComputedBiasGradient) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const ModelOptions o = tiny();
+  ResNet net(o);
+  const Batch b = random_batch(o, std::random_device{}());
+  const auto& specs = net.param_specs();
+  const int64_t fc = net.param_count() - specs[specs.size() - 2].count - specs.back().count;
+  GPULAB_CHECK(cudaMemset(net.params() + fc, 0, size_t(net.param_count() - fc) * 4));
+  GPULAB_CHECK(cudaMemset(net.grads(), 0xFF, size_t(net.param_count()) * 4));  // poison (NaN)
+  net.forward(b.images.get(), true, s);
+  net.backward(b.labels.get(), 1.f, false, nullptr, s);
+  EXPECT_NEAR(net.last_loss(s), std::log(10.f), 1e-5);
+  const auto logits = download(net.logits(), size_t(o.batch) * 10);
+  for (float z : logits) EXPECT_EQ(z, 0.f);
+  // dL/db_c = mean_n (1/K - (1 - s)[c == y_n] - s/K).
+  const auto db = download(net.grads() + net.param_count() - 10, 10);
+  for (int c = 0; c < 10; ++c) {
+    double want = 0;
+    for (int32_t y : b.host_labels) want += 0.1 - (c == y ? 0.9 : 0.0) - 0.01;
+    EXPECT_NEAR(db[c], want / o.batch, 1e-6) << "class " << c;
+  }
+  // With a zero classifier nothing flows below it: every other gradient is exactly zero.
+  const auto g = download(net.grads(), size_t(fc));
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], 0.f) << i;
+}
+
+TEST(ResNetGpu, AccumulatingTwoHalfWeightedPassesEqualsOneFull) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const ModelOptions o = tiny();
+  ResNet net(o);
+  const Batch b = random_batch(o, std::random_device{}());
+  net.forward(b.images.get(), true, s);
+  net.backward(b.labels.get(), 1.f, false, nullptr, s);
+  const auto once = download(net.grads(), size_t(net.param_count()));
+  GPULAB_CHECK(cudaMemset(net.grads(), 0xFF, size_t(net.param_count()) * 4));  // the first pass must overwrite
+  for (int micro = 0; micro < 2; ++micro) {
+    net.forward(b.images.get(), true, s);
+    net.backward(b.labels.get(), 0.5f, micro > 0, nullptr, s);
+  }
+  const auto twice = download(net.grads(), size_t(net.param_count()));
+  int bad = 0;
+  for (size_t i = 0; i < once.size(); ++i)
+    if (!(std::abs(twice[i] - once[i]) <= 1e-6 + 1e-4 * std::abs(once[i])) && bad++ < 5)
+      ADD_FAILURE() << "grad " << i << ": accumulated " << twice[i] << " vs " << once[i];
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  for (core::DType dt : {core::DType::f16, core::DType::bf16}) {
+    SCOPED_TRACE(std::string(core::dtype_name(dt)));
+    ModelOptions o32 = tiny(core::DType::f32, 16), olow = tiny(dt, 16);
+    ResNet ref(o32), low(olow);
+    const uint32_t seed = std::random_device{}();
+    const Batch b32 = random_batch(o32, seed), blow = random_batch(olow, seed);
+    ref.forward(b32.images.get(), true, s);
+    low.forward(blow.images.get(), true, s);
+    const auto a = download(ref.logits(), 40), c = download(low.logits(), 40);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(c[i]));
+      num += (a[i] - c[i]) * (a[i] - c[i]);
+      den += a[i] * a[i];
+    }
+    // 18 layers of fp16 (bf16) rounding on the activations: a few 1e-3 (1e-2) relative.
+    EXPECT_LT(std::sqrt(num / den), dt == core::DType::f16 ? 2e-2 : 6e-2);
+  }
+}
+
+TEST(ResNetGpu, LossFallsOnAFixedBatchInEveryPrecision) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  for (core::DType dt : {core::DType::f32, core::DType::f16, core::DType::bf16}) {
+    SCOPED_TRACE(std::string(core::dtype_name(dt)));
+    ModelOptions o = tiny(dt, 16);
+    o.batch = 8;
+    ResNet net(o);
+    const Batch b = random_batch(o, 5);
+    OptimizerConfig cfg;
+    cfg.kind = OptimizerKind::sgd;
+    cfg.momentum = 0.9f;
+    cfg.weight_decay = 0.f;
+    Optimizer opt(cfg, net.optimizer_params(), dt);
+    std::unique_ptr<LossScaler> scaler;
+    if (dt == core::DType::f16) {
+      scaler = std::make_unique<LossScaler>();
+      scaler->watch(net.gradient_views());
+    }
+    const LossScaleState* st = scaler ? scaler->device_state() : nullptr;
+    std::vector<float> losses;
+    for (int step = 0; step < 20; ++step) {
+      net.forward(b.images.get(), true, s);
+      net.backward(b.labels.get(), 1.f, false, st, s);
+      if (scaler) scaler->check_gradients(s);
+      opt.step(0.05f, st, s);
+      if (scaler) scaler->update(s);
+      losses.push_back(net.last_loss(s));
+      ASSERT_TRUE(std::isfinite(losses.back())) << "step " << step;
+    }
+    std::printf("%s loss: %.4f -> %.4f\n", std::string(core::dtype_name(dt)).c_str(), losses.front(), losses.back());
+    EXPECT_LT(losses.back(), 0.5f * losses.front());
+    if (scaler) EXPECT_LE(scaler->read(s).skipped_steps, 3);
+    EXPECT_GE(opt.steps_taken(s), 17);
+  }
+}
