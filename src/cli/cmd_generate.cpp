@@ -1,55 +1,133 @@
-// gpulab generate: text from a prompt, streamed to stdout; timing to stderr.
+// gpulab generate: text (or token) continuation of a prompt on the CUDA engine or the CPU
+// reference, through the continuous-batching scheduler; --batch N runs N copies together.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/command.h"
-#include "cli/model_options.h"
 #include "core/error.h"
+#include "llm/cuda_engine.h"
 #include "llm/scheduler.h"
+#include "llm/tokenizer.h"
+#include "llm/weights.h"
 
 namespace gpulab::cli {
 
 namespace {
 
 struct GenerateOptions {
-  ModelOptions model;
-  std::string prompt;
-  int64_t max_new_tokens = 64;
-  llm::SamplingParams sampling;
-  std::vector<std::string> stop;
-  bool add_special = true;
+  std::string model, config, tokenizer, prompt, ids;
+  bool dummy_weights = false;
+  std::string device = "cuda";
+  int64_t max_tokens = 64;
+  int64_t batch = 1;
+  float temperature = 0.f;
+  int top_k = 0;
+  float top_p = 1.f;
+  uint64_t seed = 0;
   bool ignore_eos = false;
+  bool json_output = false;
+  double gpu_memory_fraction = 0.9;
+  int64_t max_seq_len = 0;
+  bool no_cuda_graphs = false;
+  int threads = 0;
 };
 
+std::vector<int32_t> parse_id_list(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < 0 || v > INT32_MAX)
+      throw core::InputError("--ids: \"" + item + "\" is not a token id (want e.g. --ids 1,2,3)");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
 int run_generate(const GenerateOptions& opt) {
-  const llm::Tokenizer tokenizer = load_tokenizer(opt.model);
-  const llm::WeightSource weights = load_weights(opt.model);
-  auto engine = llm::make_engine(weights, opt.model.engine);
-  llm::Scheduler scheduler(*engine, tokenizer);
+  if (!opt.dummy_weights && opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME)");
+  if (opt.dummy_weights && opt.config.empty()) throw core::InputError("--dummy-weights needs --config FILE|NAME");
+  if (opt.prompt.empty() == opt.ids.empty()) throw core::InputError("give exactly one of --prompt TEXT and --ids 1,2,3");
+  if (opt.batch < 1 || opt.max_tokens < 1) throw core::InputError("--batch and --max-tokens must be at least 1");
 
-  llm::GenerationRequest request;
-  request.prompt = tokenizer.encode(opt.prompt, opt.add_special);
-  request.max_new_tokens = opt.max_new_tokens;
-  request.sampling = opt.sampling;
-  request.stop = opt.stop;
-  request.stop_at_eos = !opt.ignore_eos;
-  request.on_text = [](const std::string& piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    return true;
-  };
-  llm::GenerationResult result;
-  request.on_done = [&result](const llm::GenerationResult& r) { result = r; };
-  scheduler.submit(std::move(request));
+  const llm::WeightSource weights = opt.dummy_weights ? llm::WeightSource::random(llm::config_from_arg(opt.config))
+                                                      : llm::WeightSource::from_checkpoint(opt.model);
+  std::string tokenizer_path = opt.tokenizer.empty() ? opt.model : opt.tokenizer;
+  if (tokenizer_path.empty()) throw core::InputError("--dummy-weights needs --tokenizer FILE (to print text)");
+  const llm::Tokenizer tokenizer = llm::Tokenizer::from_file(tokenizer_path);
+  const std::vector<int32_t> prompt = opt.prompt.empty() ? parse_id_list(opt.ids) : tokenizer.encode(opt.prompt, true);
+
+  std::unique_ptr<llm::Engine> engine;
+  const int64_t longest = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
+  if (opt.device == "cuda") {
+    llm::EngineOptions eo;
+    eo.gpu_memory_fraction = opt.gpu_memory_fraction;
+    eo.max_seq_len = opt.max_seq_len;
+    eo.max_batch = std::min<int64_t>(opt.batch, 256);
+    eo.cuda_graphs = !opt.no_cuda_graphs;
+    engine = std::make_unique<llm::CudaEngine>(weights, eo);
+  } else {
+    engine = llm::make_cpu_engine(weights, longest * std::min<int64_t>(opt.batch, 64), opt.threads);
+  }
+
+  llm::SchedulerOptions so;
+  so.max_batch = engine->max_batch();
+  llm::Scheduler scheduler(*engine, tokenizer, so);
+  std::vector<llm::GenerationResult> results(opt.batch);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < opt.batch; ++i) {
+    llm::GenerationRequest r;
+    r.prompt = prompt;
+    r.max_new_tokens = opt.max_tokens;
+    r.sampling = {opt.temperature, opt.top_k, opt.top_p, opt.seed + static_cast<uint64_t>(i)};
+    r.stop_at_eos = !opt.ignore_eos;
+    if (i == 0 && opt.batch == 1 && !opt.json_output)  // stream the only request's text
+      r.on_text = [](const std::string& piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      };
+    r.on_done = [&results, i](const llm::GenerationResult& g) { results[i] = g; };
+    scheduler.submit(std::move(r));
+  }
   scheduler.run_until_idle();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::printf("\n");
-  const double decode_ms = result.total_ms - result.ttft_ms;
-  const double decode_tps = result.tokens.size() > 1 ? (result.tokens.size() - 1) / (decode_ms / 1000.0) : 0.0;
-  std::fprintf(stderr, "[%s] prompt %lld tokens, generated %zu tokens (%s); TTFT %.1f ms, decode %.1f tokens/s\n",
-               engine->device_name(), static_cast<long long>(result.prompt_tokens), result.tokens.size(),
-               result.finish_reason.c_str(), result.ttft_ms, decode_tps);
+  int64_t generated = 0;
+  std::vector<double> ttft;
+  for (const auto& g : results) {
+    generated += static_cast<int64_t>(g.tokens.size());
+    ttft.push_back(g.ttft_ms);
+  }
+  std::sort(ttft.begin(), ttft.end());
+  if (opt.json_output) {
+    nlohmann::json out = {{"device", engine->device_name()}, {"prompt_tokens", prompt.size()},
+                          {"requests", opt.batch}, {"generated_tokens", generated}, {"seconds", seconds},
+                          {"tokens_per_second", generated / seconds}, {"ttft_ms_median", ttft[ttft.size() / 2]},
+                          {"results", nlohmann::json::array()}};
+    for (const auto& g : results)
+      out["results"].push_back({{"tokens", g.tokens}, {"text", g.text}, {"finish_reason", g.finish_reason}});
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  if (opt.batch > 1) std::cout << results[0].text;
+  std::cout << "\n";
+  std::fprintf(stderr, "%lld request%s x %zu prompt tokens, %lld tokens generated in %.2f s (%.1f tokens/s, TTFT median %.1f ms) on %s\n",
+               static_cast<long long>(opt.batch), opt.batch == 1 ? "" : "s", prompt.size(),
+               static_cast<long long>(generated), seconds, generated / seconds, ttft[ttft.size() / 2],
+               engine->device_name());
   return 0;
 }
 
@@ -57,23 +135,35 @@ int run_generate(const GenerateOptions& opt) {
 
 void add_generate_command(CLI::App& app, Runner& run) {
   auto opt = std::make_shared<GenerateOptions>();
-  auto* sub = app.add_subcommand("generate", "Generate text from a prompt with a LLaMA-family checkpoint");
-  add_model_options(*sub, opt->model);
-  sub->add_option("--prompt", opt->prompt, "The prompt text")->required();
-  sub->add_option("--max-new-tokens", opt->max_new_tokens, "Most tokens to generate")
-      ->check(CLI::PositiveNumber)
+  auto* sub = app.add_subcommand("generate", "LLaMA-family text generation from a Hugging Face checkpoint");
+  sub->add_option("--model", opt->model, "Hugging Face checkpoint folder (config.json, safetensors, tokenizer.json)");
+  sub->add_flag("--dummy-weights", opt->dummy_weights, "Random weights of the right shapes (for benchmarks)");
+  sub->add_option("--config", opt->config, "With --dummy-weights: a config.json or a built-in shape (llama2-7b, llama3-8b, ...)");
+  sub->add_option("--tokenizer", opt->tokenizer, "tokenizer.json (default: the one in --model)");
+  sub->add_option("--prompt", opt->prompt, "Prompt text (tokenized with the special tokens, e.g. BOS)");
+  sub->add_option("--ids", opt->ids, "Prompt as comma-separated token ids instead of text");
+  sub->add_option("--max-tokens", opt->max_tokens, "Tokens to generate per request")->capture_default_str();
+  sub->add_option("--batch", opt->batch, "Run this many copies of the request together")->capture_default_str();
+  sub->add_option("--device", opt->device, "cuda (bf16 engine) or cpu (float32 reference)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  sub->add_option("--temperature", opt->sampling.temperature, "0 for greedy; higher is more random")
+  sub->add_option("--temperature", opt->temperature, "0: greedy")->capture_default_str();
+  sub->add_option("--top-k", opt->top_k, "0: no limit")->capture_default_str();
+  sub->add_option("--top-p", opt->top_p, "1: no nucleus cut")->capture_default_str();
+  sub->add_option("--seed", opt->seed, "Sampling seed (request i uses seed + i)")->capture_default_str();
+  sub->add_flag("--ignore-eos", opt->ignore_eos, "Always generate --max-tokens tokens");
+  sub->add_flag("--json", opt->json_output, "Print results and timings as JSON");
+  sub->add_option("--gpu-memory-fraction", opt->gpu_memory_fraction,
+                  "Share of GPU memory for weights, buffers and the KV cache")
+      ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
-  sub->add_option("--top-p", opt->sampling.top_p, "Nucleus sampling: keep the most likely tokens up to this probability")
+  sub->add_option("--max-seq-len", opt->max_seq_len, "Longest prompt + generation (0: the model's, up to 32768)")
       ->capture_default_str();
-  sub->add_option("--top-k", opt->sampling.top_k, "Keep only the k most likely tokens (0: all)")->capture_default_str();
-  sub->add_option("--seed", opt->sampling.seed, "Random seed for sampling")->capture_default_str();
-  sub->add_option("--stop", opt->stop, "Stop when this text appears (repeatable)");
-  sub->add_flag("!--no-special", opt->add_special, "Do not add the tokenizer's special tokens (e.g. BOS) to the prompt");
-  sub->add_flag("--ignore-eos", opt->ignore_eos, "Keep generating past end-of-sequence tokens");
-  sub->footer("Example:\n  gpulab generate --model ~/models/Llama-2-7b-hf --prompt \"The H200 is\" --max-new-tokens 64 --device cuda\n"
-              "Text streams to stdout; prompt size, TTFT and decode speed go to stderr.");
+  sub->add_flag("--no-cuda-graphs", opt->no_cuda_graphs, "Launch decode steps kernel by kernel");
+  sub->add_option("--threads", opt->threads, "With --device cpu: threads (0: all)")->capture_default_str();
+  sub->footer("Examples:\n  gpulab generate --model ~/models/Llama-3.2-1B --prompt 'The GPU is' --max-tokens 32\n"
+              "  gpulab generate --dummy-weights --config llama3-8b --tokenizer tok.json --ids 1,2,3 --batch 64 "
+              "--max-tokens 256 --ignore-eos --json");
   sub->callback([&run, opt] { run = [opt] { return run_generate(*opt); }; });
 }
 

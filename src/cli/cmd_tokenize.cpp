@@ -1,5 +1,6 @@
 // gpulab tokenize: encode text to ids or decode ids to text with a Hugging Face tokenizer.json.
 #include <charconv>
+#include <fstream>
 #include <optional>
 #include <iostream>
 #include <memory>
@@ -16,6 +17,7 @@ namespace {
 struct TokenizeOptions {
   std::string model;
   std::optional<std::string> text;
+  std::optional<std::string> file;
   std::optional<std::string> ids;
   bool add_special = false;
   bool skip_special = false;
@@ -54,6 +56,11 @@ int run_tokenize(const TokenizeOptions& opt) {
   nlohmann::json out;
   if (opt.text) {
     out["ids"] = tok.encode(*opt.text, opt.add_special);
+  } else if (opt.file) {
+    std::ifstream in(*opt.file, std::ios::binary);
+    if (!in) throw core::InputError(*opt.file + ": no such file (--file)");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    out["ids"] = tok.encode(text, opt.add_special);
   } else {
     out["text"] = tok.decode(parse_ids(*opt.ids, tok), opt.skip_special);
   }
@@ -68,18 +75,21 @@ void add_tokenize_command(CLI::App& app, Runner& run) {
   auto* sub = app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text, with a tokenizer.json");
   sub->add_option("--model", opt->model, "A tokenizer.json, or a folder holding one (a model folder)")->required();
   auto* text = sub->add_option("--text", opt->text, "Text to encode; prints {\"ids\":[...]}");
+  auto* file = sub->add_option("--file", opt->file, "Encode this file's contents (any size); prints {\"ids\":[...]}");
   auto* ids = sub->add_option("--ids", opt->ids, "Comma-separated ids to decode; prints {\"text\":\"...\"}");
-  text->excludes(ids);
-  ids->excludes(text);
+  text->excludes(file)->excludes(ids);
+  file->excludes(ids);
   sub->add_flag("--add-special", opt->add_special, "Encode: add the model's special tokens (e.g. the BOS)");
   sub->add_flag("--skip-special", opt->skip_special, "Decode: leave special tokens out of the text");
   sub->footer(
       "Examples:\n"
       "  gpulab tokenize --model ~/models/Llama-3.2-1B --text \"Hello world\"\n"
       "  gpulab tokenize --model ~/models/Llama-3.2-1B --ids 9906,1917\n"
+      "  gpulab tokenize --model ~/models/Llama-3.2-1B --file prompt.txt --add-special\n"
       "Ids are those of Hugging Face `tokenizers` (encode with add_special_tokens as --add-special).");
   sub->callback([&run, opt] {
-    if (!opt->text && !opt->ids) throw CLI::ValidationError("tokenize", "give --text TEXT or --ids 1,2,3");
+    if (!opt->text && !opt->file && !opt->ids)
+      throw CLI::ValidationError("tokenize", "give --text TEXT, --file PATH or --ids 1,2,3");
     run = [opt] { return run_tokenize(*opt); };
   });
 }

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "llm/nfc.h"
 #include "llm/tokenizer_text.h"
 
 namespace gpulab::llm {
@@ -447,9 +448,10 @@ void add_normalizer(TokenizerImpl& t, const json& j) {
       }
       s = s.substr(b, e - b);
     });
+  } else if (type == "NFC") {
+    t.normalizers.push_back([](std::string& s) { s = nfc(s); });
   } else {
-    // NFC/NFKC and friends need the Unicode composition tables, which gpulab does not carry.
-    t.fail("unsupported normalizer " + type + " (gpulab supports Sequence, Prepend, Replace, Strip)");
+    t.fail("unsupported normalizer " + type + " (gpulab supports Sequence, Prepend, Replace, Strip, NFC)");
   }
 }
 
@@ -817,18 +819,23 @@ std::string TokenizerImpl::decode(std::span<const int32_t> ids, bool skip_specia
 
 Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
-  const fs::path file = fs::is_directory(path) ? path / "tokenizer.json" : path;
+  std::error_code ec;
+  const fs::path file = fs::is_directory(path, ec) ? path / "tokenizer.json" : path;
   auto impl = std::make_shared<detail::TokenizerImpl>();
   impl->file = file.string();
   std::ifstream in(file, std::ios::binary);
-  if (!in) impl->fail("no such file (a tokenizer.json, or a folder holding one)");
+  if (!in || fs::is_directory(file, ec)) impl->fail("no such file (a tokenizer.json, or a folder holding one)");
+  // The largest real tokenizer.json files are tens of MB; this catches a checkpoint given by mistake.
+  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 30;
+  if (const uintmax_t size = fs::file_size(file, ec); !ec && size > kMaxBytes)
+    impl->fail("is " + std::to_string(size >> 20) + " MiB, too large to be a tokenizer.json");
   std::stringstream text;
   text << in.rdbuf();
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
-    impl->fail(std::string("malformed JSON: ") + e.what());
+    impl->fail("malformed JSON: " + detail::utf8_lossy(e.what()));  // the message may quote binary bytes
   }
   try {
     if (!j.is_object()) impl->fail("not a tokenizer.json (the top level is not an object)");

@@ -2,14 +2,16 @@
 // SentencePiece-style), equal to `tokenizers` id for id.
 //
 // Pipeline, as in `tokenizers`: added tokens are split out of the raw text first, each remaining
-// piece is normalized, then pre-tokenized (regex splits, byte-level mapping, metaspace), then the
-// BPE model turns every pre-token into ids. Decoding maps ids back to token strings and runs the
-// decoder chain.
+// piece is normalized (Prepend, Replace, Strip, NFC), then pre-tokenized (regex Split, ByteLevel,
+// Metaspace), then the BPE model turns every pre-token into ids. Decoding maps ids back to token
+// strings and runs the decoder chain (Replace, ByteFallback, Fuse, Strip, ByteLevel, Metaspace).
+// Any other component type is refused when the file is loaded, naming the type.
 //
-// Invalid UTF-8 input never throws: regexes see an invalid byte as matching nothing (so it lands in
-// a piece of its own), byte-level tokenizers keep the raw byte (decode(encode(s)) gives it back),
-// and the BPE model treats each invalid byte run as one symbol (byte fallback `<0xNN>` per byte, or
-// `unk`). Decoded text is valid UTF-8: invalid byte runs become U+FFFD as in `tokenizers`.
+// Invalid UTF-8 input (which `tokenizers` cannot take) never throws: regexes see an invalid byte
+// as matching nothing (so it lands in a piece of its own), byte-level tokenizers map the raw byte
+// to its byte token, and the BPE model treats each invalid byte run as one symbol (byte fallback
+// `<0xNN>` per byte, or `unk`). Decoded text is always valid UTF-8: invalid byte runs become U+FFFD
+// as in `tokenizers`, so only valid UTF-8 round-trips exactly.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "llm/nfc.h"
 #include "llm/tokenizer.h"
 #include "llm/tokenizer_text.h"
 
@@ -270,8 +271,8 @@ TEST_F(TokenizerFile, MalformedFilesAreInputErrors) {
   j["pre_tokenizer"]["pretokenizers"][0]["type"] = "BertPreTokenizer";
   expect_bad(write(j), "unsupported pre_tokenizer BertPreTokenizer");
   j = base;
-  j["normalizer"] = {{"type", "NFC"}};
-  expect_bad(write(j), "unsupported normalizer NFC");
+  j["normalizer"] = {{"type", "NFKC"}};
+  expect_bad(write(j), "unsupported normalizer NFKC");
   j = base;
   j["decoder"] = {{"type", "WordPiece"}};
   expect_bad(write(j), "unsupported decoder WordPiece");
@@ -460,6 +461,33 @@ TEST(TokenizerText, RegexEmptyMatches) {
   // An invalid byte matches nothing, not even [^x].
   EXPECT_EQ(Regex("[^x]+").find_all("ab\xFF" "cd"), (std::vector<Range>{{0, 2}, {3, 5}}));
   EXPECT_THROW(Regex("(unclosed"), std::invalid_argument);
+}
+
+// NFC as `tokenizers` 0.23 computes it (values from its normalizers.NFC), including its older
+// Unicode data: U+1183A (Unicode 11) is a starter to it, so nothing is reordered.
+TEST(TokenizerText, NfcMatchesTokenizers) {
+  using gpulab::llm::detail::nfc;
+  EXPECT_EQ(nfc("e\u0301"), "\u00E9");
+  EXPECT_EQ(nfc("\u212B"), "\u00C5");                   // a singleton decomposition
+  EXPECT_EQ(nfc("\u1E9B\u0323"), "\u1E9B\u0323");
+  EXPECT_EQ(nfc("a\u0323\u0302"), "\u1EAD");             // marks reordered, then composed
+  EXPECT_EQ(nfc("q\u0307\u0323"), "q\u0323\u0307");
+  EXPECT_EQ(nfc("\u0344"), "\u0308\u0301");              // excluded from composition
+  EXPECT_EQ(nfc("\u0F73"), "\u0F71\u0F72");
+  EXPECT_EQ(nfc("\u1100\u1161\u11A8"), "\uAC01");        // Hangul by arithmetic
+  EXPECT_EQ(nfc("\uAC00\u11A8"), "\uAC01");
+  EXPECT_EQ(nfc("\u05B0\U0001183A"), "\u05B0\U0001183A");
+  EXPECT_EQ(nfc("plain ascii"), "plain ascii");
+  EXPECT_EQ(nfc("e\xFF\u0301"), "e\xFF\u0301");          // an invalid byte blocks composition
+}
+
+TEST_F(TokenizerFile, NfcNormalizer) {
+  json j = read_json(kData / "tokenizer_bytelevel" / "tokenizer.json");
+  j["normalizer"] = {{"type", "NFC"}};
+  const Tokenizer tok = Tokenizer::from_file(write(j));
+  const Tokenizer plain = Tokenizer::from_file(kData / "tokenizer_bytelevel");
+  EXPECT_EQ(tok.encode("caf" "e\u0301 na\u0131\u0308ve"), plain.encode("caf\u00E9 na\u0131\u0308ve"));
+  EXPECT_NE(plain.encode("cafe\u0301"), plain.encode("caf\u00E9"));
 }
 
 }  // namespace
