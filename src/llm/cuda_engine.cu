@@ -541,11 +541,8 @@ void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<con
     throw core::Error("CudaEngine::step: sizes of seqs, chunks and logits disagree");
   if (static_cast<int64_t>(seqs.size()) > m.opt.max_batch)
     throw core::Error("CudaEngine::step: more sequences than max_batch");
-  struct Pending {
-    Piece rest;
-    size_t index;
-  };
-  std::vector<Pending> pending;
+  std::vector<Piece> decodes;
+  std::vector<size_t> decode_index;
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence& s = m.sequence(seqs[i]);
     if (chunks[i].empty()) throw core::Error("CudaEngine::step: an empty chunk");
@@ -555,28 +552,29 @@ void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<con
       if (id < 0 || id >= V)
         throw core::InputError("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                                std::to_string(V) + ")");
-    pending.push_back({{&s, chunks[i]}, i});
-  }
-  // A step longer than max_tokens rows runs as several passes; a chunk cut between passes
-  // continues from its cached part, and only a chunk's final piece yields logits.
-  std::vector<float> piece_logits;
-  while (!pending.empty()) {
-    std::vector<Piece> pieces;
-    std::vector<size_t> finishing;  // positions in `pieces` of chunks that end in this pass
-    int64_t budget = m.max_tokens;
-    for (Pending& p : pending) {
-      if (budget == 0) break;
-      const int64_t take = std::min<int64_t>(budget, static_cast<int64_t>(p.rest.tokens.size()));
-      pieces.push_back({p.rest.seq, p.rest.tokens.first(take)});
-      p.rest.tokens = p.rest.tokens.subspan(take);
-      budget -= take;
+    if (chunks[i].size() == 1) {
+      decodes.push_back({&s, chunks[i]});
+      decode_index.push_back(i);
     }
-    piece_logits.resize(pieces.size() * V);
-    m.forward(pieces, piece_logits.data(), false);
-    for (size_t j = 0; j < pieces.size(); ++j)
-      if (pending[j].rest.tokens.empty())
-        std::copy_n(piece_logits.data() + j * V, V, logits.data() + pending[j].index * V);
-    std::erase_if(pending, [](const Pending& p) { return p.rest.tokens.empty(); });
+  }
+  // Single tokens go together in one decode pass of max_batch rows; each longer chunk runs in
+  // passes of its own (of at most max_tokens rows, each over the part already cached). So every
+  // GEMM a sequence sees has the same shape whatever it is batched with, and its tokens do not
+  // depend on the batch.
+  std::vector<float> pass_logits(std::max<size_t>(decodes.size(), 1) * V);
+  if (!decodes.empty()) {
+    m.forward(decodes, pass_logits.data(), false);
+    for (size_t j = 0; j < decodes.size(); ++j)
+      std::copy_n(pass_logits.data() + j * V, V, logits.data() + decode_index[j] * V);
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (chunks[i].size() == 1) continue;
+    Sequence& s = m.sequence(seqs[i]);
+    for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(m.max_tokens)) {
+      const size_t n = std::min(chunks[i].size() - t0, static_cast<size_t>(m.max_tokens));
+      m.forward({{&s, chunks[i].subspan(t0, n)}}, pass_logits.data(), false);
+    }
+    std::copy_n(pass_logits.data(), V, logits.data() + i * V);
   }
 }
 

@@ -1,8 +1,10 @@
 // The CUDA inference engine for LLaMA-family models: bf16 weights uploaded once (q/k/v and
 // gate/up fused at load), float32 residual stream and accumulation, cuBLASLt GEMMs, a paged KV
-// cache sized from free memory, mixed steps of prefill chunks and decode tokens (driven by the
-// Scheduler through the Engine interface), and CUDA graphs for pure decode steps. Every
-// buffer is sized up front; a sequence that cannot fit is refused before any work starts.
+// cache sized from free memory, steps of prefill chunks and decode tokens (driven by the
+// Scheduler through the Engine interface; decode tokens run together in one CUDA-graph pass of
+// max_batch rows, each chunk in passes of its own, so a sequence's tokens do not depend on what
+// it is batched with). Every buffer is sized up front; a sequence that cannot fit is refused
+// before any work starts.
 #pragma once
 
 #include <cstdint>
