@@ -43,9 +43,14 @@ int run_diagnose(const DiagnoseOptions& opt) {
     if (out_dir.empty()) out_dir = "gpulab-diagnose";
     const trace::TracedRun run = trace::run_traced(opt.command, out_dir, opt.duration_s);
     exit_code = run.exit_code;
-    if (run.trace_files.empty())
-      throw core::Error("diagnose: " + opt.command[0] + " wrote no trace (exit status " + std::to_string(run.exit_code) +
-                        "): it made no CUDA calls, or the tracer could not start (see its messages above)");
+    if (run.trace_files.empty()) {
+      const std::string why = "diagnose: " + opt.command[0] + " wrote no trace (exit status " +
+                              std::to_string(run.exit_code) +
+                              "): it made no CUDA calls, was killed, or the tracer could not start (see above)";
+      if (exit_code == 0) throw core::Error(why);
+      core::log_error(why);
+      return exit_code;  // the program's own failure matters more than the missing trace
+    }
     t = trace::merge_traces(run.trace_files);
     t.source = opt.command[0];
     if (exit_code != 0) core::log_warn("diagnose: ", opt.command[0], " exited with status ", exit_code);

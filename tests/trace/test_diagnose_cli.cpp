@@ -82,8 +82,11 @@ TEST(DiagnoseCli, ProgramWithoutCudaWritesNoTrace) {
   const auto r = run_command(kGpulab + " diagnose --out " + dir.string() + " -- /bin/sh -c 'exit 0'");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("wrote no trace"), std::string::npos) << r.out;
+  const auto failing = run_command(kGpulab + " diagnose --out " + dir.string() + " -- /bin/sh -c 'exit 7'");
+  EXPECT_EQ(failing.exit_code, 7) << failing.out;  // the program's status wins over the missing trace
+  EXPECT_NE(failing.out.find("wrote no trace"), std::string::npos) << failing.out;
   const auto missing = run_command(kGpulab + " diagnose --out " + dir.string() + " -- /nonexistent/program");
-  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_EQ(missing.exit_code, 127);
   EXPECT_NE(missing.out.find("cannot run /nonexistent/program"), std::string::npos) << missing.out;
   fs::remove_all(dir);
 }
