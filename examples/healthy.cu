@@ -1,12 +1,14 @@
-// healthy: one pinned upload, 100 kernels of 5 ms each queued back to back on one stream, one
-// download, one synchronize. `gpulab diagnose` should find nothing of high severity.
+// healthy: one pinned upload, 100 kernels (or argv[1]) of 5 ms each queued back to back on one
+// stream, one download, one synchronize. `gpulab diagnose` should find nothing of high severity.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "busy.cuh"
 #include "core/error.h"
 
-int main() {
+int main(int argc, char** argv) {
+  const int kernels = argc > 1 ? std::atoi(argv[1]) : 100;
   int sms = 0;
   GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   constexpr size_t kBytes = 64 << 20;
@@ -18,7 +20,7 @@ int main() {
   cudaStream_t stream;
   GPULAB_CHECK(cudaStreamCreate(&stream));
   GPULAB_CHECK(cudaMemcpyAsync(dev, host, kBytes, cudaMemcpyHostToDevice, stream));
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < kernels; ++i) {
     busy_kernel<<<busy_blocks(sms), 256, 0, stream>>>(5'000'000, sink);
     GPULAB_CHECK_LAUNCH();
   }
@@ -28,6 +30,6 @@ int main() {
   GPULAB_CHECK(cudaFreeHost(host));
   GPULAB_CHECK(cudaFree(dev));
   GPULAB_CHECK(cudaFree(sink));
-  std::printf("healthy: 100 kernels of 5 ms back to back\n");
+  std::printf("healthy: %d kernels of 5 ms back to back\n", kernels);
   return 0;
 }

@@ -43,9 +43,14 @@ int run_diagnose(const DiagnoseOptions& opt) {
     if (out_dir.empty()) out_dir = "gpulab-diagnose";
     const trace::TracedRun run = trace::run_traced(opt.command, out_dir, opt.duration_s);
     exit_code = run.exit_code;
-    if (run.trace_files.empty())
-      throw core::Error("diagnose: " + opt.command[0] + " wrote no trace (exit status " + std::to_string(run.exit_code) +
-                        "): it made no CUDA calls, or the tracer could not start (see its messages above)");
+    if (run.trace_files.empty()) {
+      const std::string why = "diagnose: " + opt.command[0] + " wrote no trace (exit status " +
+                              std::to_string(run.exit_code) +
+                              "): it made no CUDA calls, was killed, or the tracer could not start (see above)";
+      if (exit_code == 0) throw core::Error(why);
+      core::log_error(why);
+      return exit_code;  // the program's own failure matters more than the missing trace
+    }
     t = trace::merge_traces(run.trace_files);
     t.source = opt.command[0];
     if (exit_code != 0) core::log_warn("diagnose: ", opt.command[0], " exited with status ", exit_code);
@@ -77,13 +82,14 @@ void add_diagnose_command(CLI::App& app, Runner& run) {
   sub->add_option("--json", opt->json_file, "Write the findings and summary as JSON");
   sub->add_option("--html", opt->html_file, "Write an HTML report with utilization and per-stream timeline SVGs");
   sub->add_option("--threshold", opt->thresholds, "Override a rule threshold: rule.key=value (see docs/diagnose.md)")
-      ->take_all();
+      ->allow_extra_args(false);  // one value per --threshold, so a program name is not taken for one
   sub->add_option("command", opt->command, "The program and its arguments, after --");
+  std::string rules;
+  for (const auto& id : trace::rule_ids()) rules += " " + id;
   sub->footer("Examples:\n  gpulab diagnose -- python train.py --epochs 1\n"
               "  gpulab diagnose --duration 30 --html report.html -- ./my_app\n"
               "  gpulab diagnose --trace profiler_trace.json --json findings.json\n"
-              "Rules: low_gpu_utilization gpu_idle_gaps launch_bound host_starved pageable_memcpy sync_memcpy "
-              "sync_memset sync_api um_thrashing pcie_saturation low_occupancy.\n"
+              "Rules:" + rules + " (thresholds: docs/diagnose.md).\n"
               "When running a program, gpulab exits with the program's exit status.");
   sub->callback([&run, opt] { run = [opt] { return run_diagnose(*opt); }; });
 }

@@ -588,16 +588,14 @@ void Analyzer::rule_occupancy() {
 
 // Ping-pong test: the same managed pages moved more than once, in both directions.
 void Analyzer::check_um() {
-  std::map<uint64_t, int64_t> distinct;
   int64_t htod = 0, dtoh = 0, cpu_faults = 0, gpu_faults = 0, thrash = 0;
-  std::vector<Interval> moves;
+  std::vector<Interval> moves, ranges;  // ranges: migrated address ranges, as intervals
   for (const auto& e : t_.um_events) {
     switch (e.kind) {
       case UmKind::htod_migration:
       case UmKind::dtoh_migration: {
         (e.kind == UmKind::htod_migration ? htod : dtoh) += e.value;
-        auto& d = distinct[e.address];
-        d = std::max(d, e.value);
+        ranges.push_back({int64_t(e.address), int64_t(e.address) + e.value});
         moves.push_back({e.start_ns, std::max(e.end_ns, e.start_ns)});
         if (e.kind == UmKind::dtoh_migration) um_host_times_.push_back(e.start_ns);
         break;
@@ -613,8 +611,7 @@ void Analyzer::check_um() {
   }
   std::sort(um_host_times_.begin(), um_host_times_.end());
   um_migrations_ = merged(moves);
-  int64_t footprint = 0;
-  for (const auto& [addr, b] : distinct) footprint += b;
+  const int64_t footprint = total_length(merged(ranges));  // distinct bytes, whatever the chunking
   const double ratio = footprint > 0 ? double(htod + dtoh) / double(footprint) : 0;
   um_pingpong_ = thrash > 0 || (htod > 0 && dtoh > 0 && ratio >= th_.get("um_thrashing.min_remigration"));
   const double migrated_mb = double(htod + dtoh) / 1e6;

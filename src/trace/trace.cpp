@@ -37,10 +37,6 @@ std::optional<CopyKind> parse_copy_kind(std::string_view name) {
 }
 std::optional<UmKind> parse_um_kind(std::string_view name) { return parse_name<UmKind>(kUmKindNames, name); }
 
-bool touches_host(CopyKind k) {
-  return k == CopyKind::htod || k == CopyKind::dtoh || k == CopyKind::htoa || k == CopyKind::atoh;
-}
-
 double DeviceInfo::pcie_gbps() const {
   // Per-lane one-direction GB/s after line encoding (8b/10b up to gen 2, 128b/130b from gen 3).
   constexpr std::array<double, 7> kLaneGbps = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.877};

@@ -29,7 +29,6 @@ std::string_view memory_kind_name(MemoryKind k);  // Kineto's spelling: "Pageabl
 std::string_view copy_kind_name(CopyKind k);      // "HtoD", "DtoH", ...
 std::optional<MemoryKind> parse_memory_kind(std::string_view name);
 std::optional<CopyKind> parse_copy_kind(std::string_view name);
-bool touches_host(CopyKind k);  // crosses PCIe / C2C: one side is host memory
 
 // Common fields of anything that ran on a GPU engine.
 struct GpuActivity {

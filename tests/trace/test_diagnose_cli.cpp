@@ -82,8 +82,39 @@ TEST(DiagnoseCli, ProgramWithoutCudaWritesNoTrace) {
   const auto r = run_command(kGpulab + " diagnose --out " + dir.string() + " -- /bin/sh -c 'exit 0'");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("wrote no trace"), std::string::npos) << r.out;
+  const auto failing = run_command(kGpulab + " diagnose --out " + dir.string() + " -- /bin/sh -c 'exit 7'");
+  EXPECT_EQ(failing.exit_code, 7) << failing.out;  // the program's status wins over the missing trace
+  EXPECT_NE(failing.out.find("wrote no trace"), std::string::npos) << failing.out;
   const auto missing = run_command(kGpulab + " diagnose --out " + dir.string() + " -- /nonexistent/program");
-  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_EQ(missing.exit_code, 127);
   EXPECT_NE(missing.out.find("cannot run /nonexistent/program"), std::string::npos) << missing.out;
+  fs::remove_all(dir);
+}
+
+// The run path without a GPU: a stand-in program checks the environment gpulab sets, writes two
+// per-process traces where the injection library would, and exits with its own status.
+TEST(DiagnoseCli, RunSetsInjectionEnvMergesProcessesAndPassesExitCode) {
+  const fs::path dir = fresh_dir("run");
+  const std::string script = "test -f \"$CUDA_INJECTION64_PATH\" || exit 90; "
+                             "test \"$GPULAB_TRACE_DURATION\" = 2.500000 || exit 91; "
+                             "cp " + kKineto + " \"$GPULAB_TRACE_DIR/process-1.json\"; "
+                             // the second process runs 20 ms later
+                             "sed 's/\"schemaVersion\": 1,/\"baseTimeNanoseconds\": 20000000,/' " + kKineto +
+                             " > \"$GPULAB_TRACE_DIR/process-2.json\"; exit 5";
+  std::ofstream(dir / "program.sh") << script;
+  fs::create_directories(dir / "out");
+  std::ofstream(dir / "out" / "process-999.json") << "stale";  // left by an earlier run
+  const auto r = run_command(kGpulab + " diagnose --duration 2.5 --out " + (dir / "out").string() + " --json " +
+                             (dir / "f.json").string() + " -- /bin/sh " + (dir / "program.sh").string());
+  EXPECT_EQ(r.exit_code, 5) << r.out;
+  std::ifstream in(dir / "f.json");
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["summary"]["kernels"], 6);
+  ASSERT_FALSE(j["findings"].empty());
+  EXPECT_EQ(j["findings"][0]["rule"], "host_starved");
+  // One per process and one between them: found only if correlation ids are kept apart.
+  EXPECT_EQ(j["findings"][0]["evidence"]["gaps"], 3);
+  EXPECT_FALSE(fs::exists(dir / "out" / "process-999.json"));
+  EXPECT_TRUE(fs::exists(dir / "out" / "trace.json"));
   fs::remove_all(dir);
 }

@@ -1,7 +1,9 @@
 // `gpulab diagnose -- example_<rule>` on a real GPU: each example's planted pathology is the top
 // finding, the healthy example has nothing high, and the collected trace holds what ran.
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -29,8 +31,17 @@ struct Diagnosis {
   gpulab::trace::Trace trace;
 };
 
-// Runs `gpulab diagnose [extra] -- command` in a fresh folder and reads back what it wrote.
+// Runs `gpulab diagnose [extra] -- command` in a fresh folder and reads back what it wrote. The
+// runs take a lock so that parallel ctest jobs do not share the GPU and blur each other's timing.
 Diagnosis diagnose(const std::string& tag, const std::string& command, const std::string& extra = "") {
+  const int lock = open((fs::temp_directory_path() / "gpulab_diagnose_gpu.lock").c_str(), O_CREAT | O_RDWR, 0666);
+  if (lock >= 0) flock(lock, LOCK_EX);
+  struct Unlock {
+    int fd;
+    ~Unlock() {
+      if (fd >= 0) close(fd);  // closing releases the lock
+    }
+  } unlock{lock};
   const fs::path dir = fs::temp_directory_path() / ("gpulab_diagnose_gpu_" + std::to_string(getpid()) + "_" + tag);
   fs::remove_all(dir);
   const auto r = run_command(kGpulab + " diagnose --out " + dir.string() + " --json " + (dir / "f.json").string() + " " +
@@ -146,8 +157,8 @@ TEST(DiagnoseExamples, UnifiedMemoryCountersRecordMigrations) {
     if (e.kind == gpulab::trace::UmKind::htod_migration) htod += e.value;
     if (e.kind == gpulab::trace::UmKind::dtoh_migration) dtoh += e.value;
   }
-  // Each of the 20 steps moves the 64 MiB to the GPU; the host pulls back at least one page per 4 KiB.
-  EXPECT_GE(htod, 10ll * (64 << 20)) << htod;
+  // Each of the 12 steps moves the 32 MiB back to the GPU (allow for half, whatever the chunking).
+  EXPECT_GE(htod, 6ll * (32 << 20)) << htod;
   EXPECT_GT(dtoh, 0);
 }
 
@@ -160,9 +171,10 @@ TEST(DiagnoseExamples, ExitCodePassesThrough) {
 
 TEST(DiagnoseExamples, DurationStopsTracingEarly) {
   GPULAB_REQUIRE_GPU();
-  const Diagnosis d = diagnose("duration", example("healthy"), "--duration 0.45");  // kernels alone take 0.5 s
+  // 400 kernels of 5 ms take 2 s after CUDA start-up; tracing stops 1 s after cuInit.
+  const Diagnosis d = diagnose("duration", example("healthy") + " 400", "--duration 1");
   ASSERT_EQ(d.exit_code, 0) << d.out;
   const size_t kernels = d.report["summary"]["kernels"].get<size_t>();
   EXPECT_GT(kernels, 0u) << d.out;
-  EXPECT_LT(kernels, 100u) << d.out;
+  EXPECT_LT(kernels, 400u) << d.out;
 }

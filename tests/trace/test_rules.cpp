@@ -219,9 +219,10 @@ Synthetic um(bool pingpong) {
     for (int j = 0; j < 64; ++j) {
       const uint64_t addr = 0x7f0000000000ull + uint64_t(j) * (1 << 20);
       if (pingpong || i == 0) s.um(UmKind::htod_migration, b + 20 + j * 100, 100, addr, 1 << 20);
-      if (pingpong) {
+      if (pingpong) {  // the host pulls pages back in smaller chunks than the GPU moved them
         s.um(UmKind::cpu_fault, b + 10020 + j * 100, 0, addr, 1);
-        s.um(UmKind::dtoh_migration, b + 10020 + j * 100, 100, addr, 1 << 20);
+        s.um(UmKind::dtoh_migration, b + 10020 + j * 100, 50, addr, 1 << 19);
+        s.um(UmKind::dtoh_migration, b + 10070 + j * 100, 50, addr + (1 << 19), 1 << 19);
       }
     }
   }

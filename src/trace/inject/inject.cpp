@@ -78,6 +78,8 @@ class Collector {
   double duration_s_ = 0;
   int sample_ms_ = 50;
   std::vector<std::string> bus_ids_;  // per CUDA device ordinal
+  pid_t pid_ = 0;                     // a forked child inherits the records but must not write them
+  std::vector<int> our_signals_;      // signals whose handler we installed
 };
 
 std::string demangle(const char* name) {
@@ -240,7 +242,8 @@ extern "C" void handle_signal(int sig) {
 }
 
 bool Collector::start(const char* out_dir) {
-  out_path_ = std::string(out_dir) + "/process-" + std::to_string(getpid()) + ".json";
+  pid_ = getpid();
+  out_path_ = std::string(out_dir) + "/process-" + std::to_string(pid_) + ".json";
   if (const char* d = std::getenv(kEnvDuration)) duration_s_ = std::atof(d);
   if (const char* s = std::getenv(kEnvSampleMs)) sample_ms_ = std::max(1, std::atoi(s));
   {
@@ -251,7 +254,6 @@ bool Collector::start(const char* out_dir) {
   for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                   CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER})
     if (!TRACE_CUPTI(cuptiActivityEnable(kind))) return false;
-  trace_.um_counters_enabled = enable_um_counters();
   core::Nvml::get();  // constructed before our atexit handler is registered, so it outlives it
   if (pipe(wake_pipe_) != 0) wake_pipe_[0] = wake_pipe_[1] = -1;
   for (int sig : {SIGINT, SIGTERM}) {
@@ -261,6 +263,7 @@ bool Collector::start(const char* out_dir) {
     struct sigaction sa {};
     sa.sa_handler = handle_signal;
     sigaction(sig, &sa, nullptr);
+    our_signals_.push_back(sig);
   }
   sampler_ = std::thread([this] { sample_loop(); });
   std::atexit([] { Collector::get().finalize(); });
@@ -321,7 +324,9 @@ void Collector::take_sample() {
 
 void Collector::sample_loop() {
   describe_devices();
-  if (!trace_.um_counters_enabled) {  // some drivers only accept the UM setup once cuInit is done
+  {
+    // CUPTI takes the UM counter setup only after driver initialisation, so not from the
+    // injection entry point (which runs inside cuInit).
     const bool enabled = enable_um_counters();
     std::lock_guard lock(mutex_);
     trace_.um_counters_enabled = enabled;
@@ -349,7 +354,14 @@ void Collector::sample_loop() {
 }
 
 void Collector::finalize() {
+  if (getpid() != pid_) return;
   std::call_once(finalize_once_, [this] {
+    // Nobody reads the wake-up pipe from now on: signals get their default action back.
+    for (int sig : our_signals_) {
+      struct sigaction now {};
+      sigaction(sig, nullptr, &now);
+      if (now.sa_handler == handle_signal) signal(sig, SIG_DFL);
+    }
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     {
       std::lock_guard lock(mutex_);
