@@ -13,6 +13,7 @@ using Runner = std::function<int()>;
 void add_info_command(CLI::App& app, Runner& run);
 void add_inspect_command(CLI::App& app, Runner& run);
 void add_dataset_command(CLI::App& app, Runner& run);
+void add_train_command(CLI::App& app, Runner& run);
 
 // A command that is designed but not built yet: listed in --help, exits 2 saying so.
 void add_planned_command(CLI::App& app, Runner& run, const std::string& name,

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   cli::add_info_command(app, run);
   cli::add_inspect_command(app, run);
   cli::add_planned_command(app, run, "bench", "Measured roofline: GEMM ladder, HBM, L2, PCIe, P2P, launch, UM, NCCL");
-  cli::add_planned_command(app, run, "train", "ResNet-50 v1.5 training (synthetic or ImageNet folder)");
+  cli::add_train_command(app, run);
   cli::add_dataset_command(app, run);
   cli::add_planned_command(app, run, "generate", "LLaMA-family text generation from a Hugging Face checkpoint");
   cli::add_planned_command(app, run, "serve", "OpenAI-compatible HTTP server with streaming");

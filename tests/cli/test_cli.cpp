@@ -119,3 +119,17 @@ TEST(Cli, DatasetMakeThenScanCatchesPlantedCorruptFile) {
   EXPECT_EQ(run("dataset make " + dir.string()).exit_code, 2);  // refuses a non-empty folder
   fs::remove_all(dir);
 }
+
+TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
+  EXPECT_EQ(run("train --steps 1").exit_code, 2);  // neither --data nor --synthetic
+  EXPECT_EQ(run("train --data /nonexistent/gpulab --steps 1").exit_code, 2);
+  EXPECT_EQ(run("train --synthetic --precision fp8").exit_code, 2);
+  EXPECT_EQ(run("train --synthetic --data /tmp").exit_code, 2);
+  const fs::path empty = fs::temp_directory_path() / ("gpulab_cli_empty_" + std::to_string(::getpid()));
+  fs::create_directories(empty / "classA");
+  const CliRun r = run("train --data " + empty.string() + " --steps 1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("no .JPEG"), std::string::npos) << r.out;
+  fs::remove_all(empty);
+  if (!gpulab::core::why_no_device().empty()) EXPECT_EQ(run("train --synthetic --steps 1").exit_code, 3);
+}

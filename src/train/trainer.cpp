@@ -1,0 +1,151 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <optional>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "data/folder.h"
+#include "data/loader.h"
+#include "data/rng.h"
+
+namespace gpulab::train {
+
+namespace {
+
+struct Precision {
+  core::DType dtype;
+  core::MathMode math;
+  bool loss_scaling;
+};
+
+Precision precision_from_name(const std::string& p) {
+  if (p == "fp32") return {core::DType::f32, core::MathMode::strict_fp32, false};
+  if (p == "tf32") return {core::DType::f32, core::MathMode::tf32, false};
+  if (p == "fp16") return {core::DType::f16, core::MathMode::strict_fp32, true};
+  if (p == "bf16") return {core::DType::bf16, core::MathMode::strict_fp32, false};
+  throw core::InputError("unknown precision '" + p + "' (fp32, tf32, fp16 or bf16)");
+}
+
+// A fixed random batch in the model's dtype: the GPU's speed without any input pipeline.
+void fill_synthetic(const ModelOptions& m, void* images, int32_t* labels, uint64_t seed) {
+  const size_t n = size_t(m.batch) * m.image_size * m.image_size * 3;
+  data::Rng rng(seed);
+  std::vector<uint16_t> half(n);
+  std::vector<float> full(m.dtype == core::DType::f32 ? n : 0);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = float(rng.uniform(-2.0, 2.0));
+    if (m.dtype == core::DType::f32) full[i] = v;
+    else half[i] = m.dtype == core::DType::f16 ? core::float_to_f16_bits(v) : core::float_to_bf16_bits(v);
+  }
+  GPULAB_CHECK(cudaMemcpy(images, m.dtype == core::DType::f32 ? static_cast<const void*>(full.data()) : half.data(),
+                          n * core::dtype_size(m.dtype), cudaMemcpyHostToDevice));
+  std::vector<int32_t> l(size_t(m.batch));
+  for (auto& v : l) v = int32_t(rng.randint(0, m.net.classes));
+  GPULAB_CHECK(cudaMemcpy(labels, l.data(), l.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step) {
+  const Precision prec = precision_from_name(opt.precision);
+  if (opt.batch < 1 || opt.accum < 1 || opt.steps < 1) throw core::InputError("--batch, --accum and --steps must be positive");
+
+  std::optional<data::Loader> loader;
+  int classes = opt.classes;
+  if (!opt.data.empty()) {
+    data::ImageFolder folder = data::scan_image_folder(data::train_split(opt.data));
+    classes = int(folder.classes.size());
+    data::LoaderOptions lo;
+    lo.batch = opt.batch;
+    lo.threads = opt.loader_threads;
+    lo.seed = opt.seed;
+    lo.augment.size = opt.image_size;
+    lo.augment.out = prec.dtype;
+    loader.emplace(std::move(folder), lo);
+  }
+
+  if (const std::string why = core::why_no_device(); !why.empty()) throw core::NoDeviceError("training needs a CUDA device: " + why);
+
+  ModelOptions mo;
+  mo.net = {opt.depth, classes, 64, false};
+  mo.batch = opt.batch;
+  mo.image_size = opt.image_size;
+  mo.dtype = prec.dtype;
+  mo.math = prec.math;
+  mo.seed = opt.seed;
+  mo.label_smoothing = opt.label_smoothing;
+  core::Stream stream;
+  ResNet net(mo);
+  Optimizer optimizer(opt.optimizer, net.optimizer_params(), prec.dtype);
+  std::unique_ptr<LossScaler> scaler;
+  if (prec.loss_scaling) {
+    scaler = std::make_unique<LossScaler>();
+    scaler->watch(net.gradient_views());
+  }
+  const LossScaleState* scale_state = scaler ? scaler->device_state() : nullptr;
+  LrSchedule schedule = opt.schedule;
+  schedule.total = opt.steps;
+
+  const size_t image_bytes = size_t(opt.batch) * opt.image_size * opt.image_size * 3 * core::dtype_size(prec.dtype);
+  core::DeviceBuffer<std::byte> images(image_bytes);
+  core::DeviceBuffer<int32_t> labels(size_t(opt.batch));
+  if (!loader) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1);
+
+  TrainReport report;
+  report.params = net.param_count();
+  report.classes = classes;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point timed_start;
+  const int64_t untimed = std::min<int64_t>(opt.warmup_steps_untimed, opt.steps - 1);
+  for (int64_t step = 0; step < opt.steps; ++step) {
+    if (step == untimed) {
+      stream.synchronize();
+      timed_start = Clock::now();
+    }
+    for (int micro = 0; micro < opt.accum; ++micro) {
+      if (loader) {
+        const data::Batch& b = loader->next();
+        GPULAB_CHECK(cudaMemcpyAsync(images.get(), b.images.data(), image_bytes, cudaMemcpyHostToDevice, stream));
+        GPULAB_CHECK(cudaMemcpyAsync(labels.get(), b.labels.data(), b.labels.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, stream));
+        stream.synchronize();  // the loader reuses the batch's memory on the next call
+      }
+      net.forward(images.get(), true, stream);
+      net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
+    }
+    if (scaler) scaler->check_gradients(stream);
+    const double lr = schedule.at(step);
+    optimizer.step(float(lr), scale_state, stream);
+    StepReport r;
+    r.step = step;
+    r.lr = lr;
+    r.loss_scale = scaler ? scaler->read(stream).scale : 1.f;
+    if (scaler) scaler->update(stream);
+    r.loss = net.last_loss(stream);  // of the last micro-batch
+    if (!std::isfinite(r.loss) && !scaler) throw core::Error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(step) + "; lower --lr");
+    if (step == 0) report.first_loss = r.loss;
+    report.last_loss = r.loss;
+    if (step >= untimed) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - timed_start).count();
+      const int64_t images_done = (step - untimed + 1) * int64_t(opt.batch) * opt.accum;
+      r.images_per_second = seconds > 0 ? images_done / seconds : 0;
+      report.timed_images = images_done;
+      report.timed_seconds = seconds;
+      report.images_per_second = r.images_per_second;
+    }
+    if (on_step) on_step(r);
+  }
+  stream.synchronize();
+  if (scaler) report.skipped_steps = scaler->read(stream).skipped_steps;
+  if (loader) {
+    report.corrupt_skipped = loader->skipped_total();
+    report.corrupt_files = loader->corrupt_files();
+  }
+  return report;
+}
+
+}  // namespace gpulab::train
