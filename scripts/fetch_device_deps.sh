@@ -4,7 +4,7 @@
 # and unpacked by scripts/device.sh. The same list every time; see docs/gpu-workflow.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-packages=(nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0)
+packages=(nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 libturbojpeg0-dev libturbojpeg0)
 mkdir -p .deps
 cd .deps
 rm -f ./*.deb

@@ -283,12 +283,14 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
     B.dy = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
     B.d_sum = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
     last.d_out = B.d_sum.get();  // the last conv's BN output gradient is the masked sum gradient
+    last.d_out_own.reset();
     if (B.shortcut >= 0) {
       ConvLayer& S = convs[B.shortcut];
       S.in = in;
       S.d_in = d_in;
       build_conv(S, h, w);
       S.d_out = B.d_sum.get();
+      S.d_out_own.reset();
     }
     in = B.y.get();
     d_in = B.dy.get();
