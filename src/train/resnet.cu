@@ -309,7 +309,8 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
   for (const auto& L : convs) {
     size_t a = 0, b = 0, c = 0;
     GPULAB_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, L.fwd, &a));
-    GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, L.bwd_data, &b));
+    if (L.d_in)
+      GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, L.bwd_data, &b));
     GPULAB_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc, L.bwd_filter, &c));
     ws = std::max({ws, a, b, c});
   }
@@ -365,7 +366,9 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnSetConvolution2dDescriptor(L.conv_desc, s.pad, s.pad, s.stride, s.stride, 1, 1,
                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   const bool strict = opt.dtype == core::DType::f32 && opt.math == core::MathMode::strict_fp32;
-  GPULAB_CHECK(cudnnSetConvolutionMathType(L.conv_desc, strict ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+  // FMA: no tensor cores at all; DEFAULT allows TF32 for fp32 data; TENSOR_OP for fp16/bf16.
+  const cudnnMathType_t math = strict ? CUDNN_FMA_MATH : opt.dtype == core::DType::f32 ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
+  GPULAB_CHECK(cudnnSetConvolutionMathType(L.conv_desc, math));
   int n, c, h, w;
   GPULAB_CHECK(cudnnGetConvolution2dForwardOutputDim(L.conv_desc, L.x_desc, L.w_desc, &n, &c, &h, &w));
   L.out_h = h, L.out_w = w;
@@ -381,9 +384,11 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc,
                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
   L.fwd = pick(fwd, got, opt.workspace_limit, strict, "forward");
-  GPULAB_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc,
-                                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data));
-  L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, "backward-data");
+  if (L.d_in) {  // the stem needs no input gradient
+    GPULAB_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc,
+                                                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data));
+    L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, "backward-data");
+  }
   GPULAB_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc,
                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter));
   L.bwd_filter = pick(bwd_filter, got, opt.workspace_limit, strict, "backward-filter");
