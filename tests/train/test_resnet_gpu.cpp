@@ -213,6 +213,8 @@ TEST(ResNetGpu, LossFallsOnAFixedBatchInEveryPrecision) {
       losses.push_back(net.last_loss(s));
       ASSERT_TRUE(std::isfinite(losses.back())) << "step " << step;
     }
+    net.forward(b.images.get(), false, s);  // eval mode: BN from the running statistics
+    for (float z : download(net.logits(), size_t(o.batch) * 10)) ASSERT_TRUE(std::isfinite(z));
     std::printf("%s loss: %.4f -> %.4f\n", std::string(core::dtype_name(dt)).c_str(), losses.front(), losses.back());
     EXPECT_LT(losses.back(), 0.5f * losses.front());
     if (scaler) EXPECT_LE(scaler->read(s).skipped_steps, 3);
