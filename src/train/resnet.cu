@@ -207,6 +207,11 @@ struct ResNet::Impl {
 
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
+  // The persistent kernels are documented for fp32 and fp16 (NHWC: no overflow caveat); bf16
+  // keeps the general path. Both keep the same statistics, so inference uses SPATIAL.
+  cudnnBatchNormMode_t bn_mode() const {
+    return opt.dtype == core::DType::bf16 ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+  }
 };
 
 ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net)), specs(resnet_params(layout)) {
@@ -410,7 +415,7 @@ void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
                                        workspace.get(), workspace.bytes(), &zero, L.y_desc, L.conv_out.get()));
   if (training) {
     GPULAB_CHECK(cudnnBatchNormalizationForwardTraining(
-        cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, L.y_desc, L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc,
+        cudnn, bn_mode(), &one, &zero, L.y_desc, L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc,
         L.gamma, L.beta, kBnMomentum, L.run_mean.get(), L.run_var.get(), kBnEpsilon, L.save_mean.get(),
         L.save_inv_var.get()));
   } else {
@@ -440,7 +445,7 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
   // The gradient of the conv output goes into `out`: once the ReLU mask is applied nothing reads
   // this layer's output again (the next layer, its only reader, has already run backward).
   void* d_conv = L.out.get();
-  GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &param_beta,
+  GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, bn_mode(), &one, &zero, &one, &param_beta,
                                                L.y_desc, L.conv_out.get(), L.y_desc, L.d_out, L.y_desc, d_conv,
                                                L.bn_desc, L.gamma, L.dgamma, L.dbeta, kBnEpsilon, L.save_mean.get(),
                                                L.save_inv_var.get()));

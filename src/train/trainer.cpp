@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -95,6 +96,22 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   core::DeviceBuffer<int32_t> labels(size_t(opt.batch));
   if (!loader) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1);
 
+  // The loader's batch buffers are few and fixed: page-lock each once so copies run at full speed.
+  std::vector<const void*> pinned;
+  auto pin = [&](const void* p, size_t bytes) {
+    if (std::find(pinned.begin(), pinned.end(), p) != pinned.end()) return;
+    GPULAB_CHECK(cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterDefault));
+    pinned.push_back(p);
+  };
+  struct Unpin {
+    std::vector<const void*>& p;
+    ~Unpin() {
+      for (const void* q : p) GPULAB_CHECK_NOTHROW(cudaHostUnregister(const_cast<void*>(q)));
+    }
+  } unpin{pinned};
+  core::Event copied(cudaEventDisableTiming);
+  copied.record(stream);
+
   TrainReport report;
   report.params = net.param_count();
   report.classes = classes;
@@ -108,11 +125,13 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     }
     for (int micro = 0; micro < opt.accum; ++micro) {
       if (loader) {
+        copied.synchronize();  // the loader reuses the previous batch's memory in next()
         const data::Batch& b = loader->next();
+        pin(b.images.data(), image_bytes);
         GPULAB_CHECK(cudaMemcpyAsync(images.get(), b.images.data(), image_bytes, cudaMemcpyHostToDevice, stream));
         GPULAB_CHECK(cudaMemcpyAsync(labels.get(), b.labels.data(), b.labels.size() * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, stream));
-        stream.synchronize();  // the loader reuses the batch's memory on the next call
+        copied.record(stream);
       }
       net.forward(images.get(), true, stream);
       net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
