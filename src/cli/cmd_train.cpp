@@ -54,6 +54,9 @@ int run_train(TrainCli& c) {
             << format_double(r.timed_seconds, 2) << " s, after " << o.warmup_steps_untimed << " untimed steps)\n"
             << "loss " << format_double(r.first_loss, 4) << " -> " << format_double(r.last_loss, 4) << "\n";
   if (o.precision == "fp16") std::cout << "loss scaler skipped " << r.skipped_steps << " steps\n";
+  if (r.val_images)
+    std::cout << "validation: top-1 " << format_double(100 * r.val_top1, 2) << "% of " << r.val_images
+              << " images, loss " << format_double(r.val_loss, 4) << "\n";
   if (r.corrupt_skipped)
     std::cout << r.corrupt_skipped << " corrupt images skipped (" << r.corrupt_files.size() << " files)\n";
 
@@ -66,6 +69,7 @@ int run_train(TrainCli& c) {
                              {"last_loss", r.last_loss}, {"skipped_steps", r.skipped_steps},
                              {"corrupt_skipped", r.corrupt_skipped}, {"timed_images", r.timed_images},
                              {"timed_seconds", r.timed_seconds}};
+    if (r.val_images) params["val"] = {{"images", r.val_images}, {"top1", r.val_top1}, {"loss", r.val_loss}};
     core::Result res{"train", name, "throughput", r.images_per_second, "img/s", std::nullopt, params};
     log.add(res);
     log.write(c.json_path);
@@ -103,10 +107,11 @@ void add_train_command(CLI::App& app, Runner& run) {
   sub->add_option("--label-smoothing", o.label_smoothing, "Label smoothing")->capture_default_str();
   sub->add_option("--threads", o.loader_threads, "CPU decode/augment threads for --data")->capture_default_str();
   sub->add_option("--seed", o.seed, "Seed for weights, data order and augmentation")->capture_default_str();
+  sub->add_flag("--eval", o.eval, "After training, top-1 on DIR/val (eval transform: resize, center crop)");
   sub->add_option("--json", c->json_path, "Write the result (img/s, losses, settings) as JSON");
   sub->footer("Examples:\n  gpulab train --synthetic --precision fp16 --batch 256 --steps 100\n"
               "  gpulab dataset make /tmp/shapes --classes 12 --images 200 && \\\n"
-              "  gpulab train --data /tmp/shapes --depth 18 --image-size 64 --batch 64 --steps 300 --lr 0.2 --warmup 20");
+              "  gpulab train --data /tmp/shapes --depth 18 --image-size 64 --batch 64 --steps 300 --lr 0.2 --warmup 20 --eval");
   sub->callback([&run, c] { run = [c] { return run_train(*c); }; });
 }
 

@@ -555,22 +555,31 @@ void ResNet::backward(const int32_t* labels, float loss_weight, bool accumulate,
   m.conv_backward(stem, accumulate, 0.f, s);
 }
 
-float ResNet::last_loss(cudaStream_t s) const {
+float ResNet::last_loss(cudaStream_t s, int rows) const {
   std::vector<float> h(size_t(impl_->opt.batch));
   GPULAB_CHECK(cudaMemcpyAsync(h.data(), impl_->row_loss.get(), impl_->row_loss.bytes(), cudaMemcpyDeviceToHost, s));
   GPULAB_CHECK(cudaStreamSynchronize(s));
+  if (rows < 0 || rows > int(h.size())) rows = int(h.size());
   double sum = 0;
-  for (float v : h) sum += v;
-  return float(sum / double(h.size()));
+  for (int i = 0; i < rows; ++i) sum += h[size_t(i)];
+  return float(sum / double(std::max(rows, 1)));
 }
 
-int ResNet::last_correct(cudaStream_t s) const {
+int ResNet::last_correct(cudaStream_t s, int rows) const {
   std::vector<int> h(size_t(impl_->opt.batch));
   GPULAB_CHECK(cudaMemcpyAsync(h.data(), impl_->row_correct.get(), impl_->row_correct.bytes(), cudaMemcpyDeviceToHost, s));
   GPULAB_CHECK(cudaStreamSynchronize(s));
+  if (rows < 0 || rows > int(h.size())) rows = int(h.size());
   int n = 0;
-  for (int v : h) n += v;
+  for (int i = 0; i < rows; ++i) n += h[size_t(i)];
   return n;
+}
+
+void ResNet::score(const int32_t* labels, cudaStream_t s) {
+  Impl& m = *impl_;
+  loss_kernel<<<m.opt.batch, kThreads, 0, s>>>(m.logits.get(), labels, m.layout.classes, m.opt.label_smoothing, 0.f,
+                                               nullptr, m.dlogits.get(), m.row_loss.get(), m.row_correct.get());
+  GPULAB_CHECK_LAUNCH();
 }
 
 const float* ResNet::logits() const { return impl_->logits.get(); }

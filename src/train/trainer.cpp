@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -47,6 +48,41 @@ void fill_synthetic(const ModelOptions& m, void* images, int32_t* labels, uint64
   std::vector<int32_t> l(size_t(m.batch));
   for (auto& v : l) v = int32_t(rng.randint(0, m.net.classes));
   GPULAB_CHECK(cudaMemcpy(labels, l.data(), l.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+}
+
+// Top-1 and loss on DIR/val with the eval transform, every image once.
+void evaluate(const TrainOptions& opt, core::DType dtype, ResNet& net, void* images, int32_t* labels,
+              cudaStream_t stream, TrainReport& report) {
+  const std::filesystem::path val = std::filesystem::path(opt.data) / "val";
+  data::ImageFolder folder = data::scan_image_folder(val);
+  if (int(folder.classes.size()) != report.classes)
+    throw core::InputError(val.string() + ": " + std::to_string(folder.classes.size()) + " classes, but train has " +
+                           std::to_string(report.classes));
+  const int64_t n = int64_t(folder.samples.size());
+  data::LoaderOptions lo;
+  lo.batch = opt.batch;
+  lo.threads = opt.loader_threads;
+  lo.train = false;
+  lo.augment.size = opt.image_size;
+  lo.augment.out = dtype;
+  data::Loader loader(std::move(folder), lo);
+  const size_t image_bytes = size_t(opt.batch) * opt.image_size * opt.image_size * 3 * core::dtype_size(dtype);
+  int64_t correct = 0;
+  double loss_sum = 0;
+  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+    const data::Batch& batch = loader.next();
+    GPULAB_CHECK(cudaMemcpyAsync(images, batch.images.data(), image_bytes, cudaMemcpyHostToDevice, stream));
+    GPULAB_CHECK(cudaMemcpyAsync(labels, batch.labels.data(), batch.labels.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream));
+    net.forward(images, false, stream);
+    net.score(labels, stream);
+    const int rows = int(std::min<int64_t>(opt.batch, n - b * opt.batch));  // the rest wrapped around
+    correct += net.last_correct(stream, rows);
+    loss_sum += double(net.last_loss(stream, rows)) * rows;
+  }
+  report.val_images = n;
+  report.val_top1 = double(correct) / double(n);
+  report.val_loss = loss_sum / double(n);
 }
 
 }  // namespace
@@ -163,6 +199,10 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   if (loader) {
     report.corrupt_skipped = loader->skipped_total();
     report.corrupt_files = loader->corrupt_files();
+  }
+  if (opt.eval && !opt.data.empty()) {
+    loader.reset();
+    evaluate(opt, prec.dtype, net, images.get(), labels.get(), stream, report);
   }
   return report;
 }

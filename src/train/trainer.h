@@ -28,6 +28,7 @@ struct TrainOptions {
   int loader_threads = 8;
   uint64_t seed = 0;
   int warmup_steps_untimed = 5;  // left out of the throughput figure
+  bool eval = false;  // top-1 on DIR/val after training (folder data only)
 };
 
 struct StepReport {
@@ -48,6 +49,9 @@ struct TrainReport {
   std::vector<std::string> corrupt_files;
   int64_t params = 0;
   int classes = 0;
+  int64_t val_images = 0;  // 0: no evaluation ran
+  double val_top1 = 0;
+  double val_loss = 0;
 };
 
 // Throws InputError for bad options, NoDeviceError without a GPU.

@@ -64,7 +64,7 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   data::MakeOptions mo;
   mo.classes = 6;
   mo.train_images = 40;
-  mo.val_images = 0;
+  mo.val_images = 10;
   mo.width = 96;
   mo.height = 72;
   mo.seed = 3;
@@ -80,6 +80,7 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   o.schedule.base = 0.1;
   o.schedule.warmup = 10;
   o.precision = "bf16";
+  o.eval = true;
   std::vector<float> losses;
   const TrainReport r = run_training(o, [&](const StepReport& s) { losses.push_back(s.loss); });
   fs::remove_all(dir);
@@ -95,4 +96,8 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   std::printf("shapes: mean loss of the first 10 steps %.3f, of the last 10 %.3f\n", first / 10, last / 10);
   // Chance is ln 6 = 1.79; a learnable dataset must be well below it after 150 steps.
   EXPECT_LT(last / 10, 0.6 * first / 10);
+  // Held-out images, eval transform, BN running statistics: well above chance (1/6).
+  EXPECT_EQ(r.val_images, 60);
+  std::printf("shapes: validation top-1 %.1f%%, loss %.3f\n", 100 * r.val_top1, r.val_loss);
+  EXPECT_GT(r.val_top1, 0.4);
 }
