@@ -183,7 +183,7 @@ TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
   }
 }
 
-TEST(ResNetGpu, LossFallsOnAFixedBatchInEveryPrecision) {
+TEST(ResNetGpu, LossHalvesOnAFixedBatchInEveryPrecision) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
   for (core::DType dt : {core::DType::f32, core::DType::f16, core::DType::bf16}) {
@@ -204,7 +204,8 @@ TEST(ResNetGpu, LossFallsOnAFixedBatchInEveryPrecision) {
     }
     const LossScaleState* st = scaler ? scaler->device_state() : nullptr;
     std::vector<float> losses;
-    for (int step = 0; step < 20; ++step) {
+    const int kSteps = 30;
+    for (int step = 0; step < kSteps; ++step) {
       net.forward(b.images.get(), true, s);
       net.backward(b.labels.get(), 1.f, false, st, s);
       if (scaler) scaler->check_gradients(s);
@@ -217,7 +218,10 @@ TEST(ResNetGpu, LossFallsOnAFixedBatchInEveryPrecision) {
     for (float z : download(net.logits(), size_t(o.batch) * 10)) ASSERT_TRUE(std::isfinite(z));
     std::printf("%s loss: %.4f -> %.4f\n", std::string(core::dtype_name(dt)).c_str(), losses.front(), losses.back());
     EXPECT_LT(losses.back(), 0.5f * losses.front());
-    if (scaler) EXPECT_LE(scaler->read(s).skipped_steps, 3);
-    EXPECT_GE(opt.steps_taken(s), 17);
+    // fp16: the first steps at scale 65536 may overflow and be skipped (each halves the scale);
+    // every step the scaler did not skip is one the optimizer took.
+    const int skipped = scaler ? scaler->read(s).skipped_steps : 0;
+    EXPECT_LE(skipped, 8);
+    EXPECT_EQ(opt.steps_taken(s), kSteps - skipped);
   }
 }

@@ -52,7 +52,8 @@ TEST(TrainerGpu, EveryPrecisionAndOptimizerRunsOnSyntheticData) {
       EXPECT_GT(r.images_per_second, 0);
       EXPECT_EQ(r.timed_images, 6 * 8 * o.accum);
       if (std::string(precision) == "fp16") EXPECT_EQ(steps[0].loss_scale, 65536.f);
-      EXPECT_LE(r.skipped_steps, 2);
+      EXPECT_LT(r.skipped_steps, 8);  // fp16 may skip a few overflowing first steps, never all
+      if (std::string(precision) != "fp16") EXPECT_EQ(r.skipped_steps, 0);
     }
   }
 }
