@@ -225,3 +225,37 @@ TEST(ResNetGpu, LossHalvesOnAFixedBatchInEveryPrecision) {
     EXPECT_EQ(opt.steps_taken(s), kSteps - skipped);
   }
 }
+
+TEST(ResNetGpu, LossAndBiasGradientMatchCpuFromTheLogits) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  ModelOptions o = tiny();
+  o.batch = 6;
+  o.label_smoothing = 0.2f;
+  ResNet net(o);
+  const Batch b = random_batch(o, std::random_device{}());
+  net.forward(b.images.get(), true, s);
+  const auto z = download(net.logits(), size_t(o.batch) * 10);
+  GPULAB_CHECK(cudaMemset(net.grads(), 0xFF, size_t(net.param_count()) * 4));
+  net.backward(b.labels.get(), 0.25f, false, nullptr, s);  // loss_weight scales the gradients only
+  double loss = 0;
+  std::vector<double> db(10, 0.0);
+  for (int n = 0; n < o.batch; ++n) {
+    const float* row = &z[size_t(n) * 10];
+    double mx = row[0], sum = 0, sum_z = 0;
+    for (int c = 0; c < 10; ++c) mx = std::max(mx, double(row[c]));
+    for (int c = 0; c < 10; ++c) sum += std::exp(row[c] - mx), sum_z += row[c];
+    const double lse = mx + std::log(sum);
+    const int y = b.host_labels[n];
+    loss += lse - 0.8 * row[y] - 0.02 * sum_z;
+    for (int c = 0; c < 10; ++c) db[c] += (std::exp(row[c] - lse) - (c == y ? 0.8 : 0.0) - 0.02) * 0.25 / o.batch;
+  }
+  EXPECT_NEAR(net.last_loss(s), loss / o.batch, 1e-5 * std::max(1.0, loss / o.batch));
+  const auto got = download(net.grads() + net.param_count() - 10, 10);
+  for (int c = 0; c < 10; ++c) EXPECT_NEAR(got[c], db[c], 1e-6 + 1e-4 * std::abs(db[c])) << "class " << c;
+  // The score-only path gives the same loss without touching the gradients.
+  const auto grads_before = download(net.grads(), size_t(net.param_count()));
+  net.score(b.labels.get(), s);
+  EXPECT_NEAR(net.last_loss(s), loss / o.batch, 1e-5 * std::max(1.0, loss / o.batch));
+  EXPECT_EQ(download(net.grads(), size_t(net.param_count())), grads_before);
+}
