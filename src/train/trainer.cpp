@@ -91,6 +91,8 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   const Precision prec = precision_from_name(opt.precision);
   if (opt.batch < 1 || opt.accum < 1 || opt.steps < 1) throw core::InputError("--batch, --accum and --steps must be positive");
 
+  if (opt.eval && (opt.data.empty() || !std::filesystem::is_directory(std::filesystem::path(opt.data) / "val")))
+    throw core::InputError("--eval needs --data DIR with a DIR/val/<class>/*.JPEG folder");
   std::optional<data::Loader> loader;
   int classes = opt.classes;
   if (!opt.data.empty()) {

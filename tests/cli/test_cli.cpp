@@ -125,6 +125,7 @@ TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
   EXPECT_EQ(run("train --data /nonexistent/gpulab --steps 1").exit_code, 2);
   EXPECT_EQ(run("train --synthetic --precision fp8").exit_code, 2);
   EXPECT_EQ(run("train --synthetic --data /tmp").exit_code, 2);
+  EXPECT_EQ(run("train --synthetic --eval --steps 1").exit_code, 2);
   const fs::path empty = fs::temp_directory_path() / ("gpulab_cli_empty_" + std::to_string(::getpid()));
   fs::create_directories(empty / "classA");
   const CliRun r = run("train --data " + empty.string() + " --steps 1");
