@@ -12,6 +12,12 @@ using Runner = std::function<int()>;
 
 void add_info_command(CLI::App& app, Runner& run);
 void add_inspect_command(CLI::App& app, Runner& run);
+void add_logits_command(CLI::App& app, Runner& run);
+void add_tokenize_command(CLI::App& app, Runner& run);
+void add_generate_command(CLI::App& app, Runner& run);
+void add_serve_command(CLI::App& app, Runner& run);
+void add_bench_command(CLI::App& app, Runner& run);
+void add_diagnose_command(CLI::App& app, Runner& run);
 void add_dataset_command(CLI::App& app, Runner& run);
 void add_train_command(CLI::App& app, Runner& run);
 

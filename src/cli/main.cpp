@@ -28,14 +28,14 @@ int main(int argc, char** argv) {
   cli::Runner run;
   cli::add_info_command(app, run);
   cli::add_inspect_command(app, run);
-  cli::add_planned_command(app, run, "bench", "Measured roofline: GEMM ladder, HBM, L2, PCIe, P2P, launch, UM, NCCL");
+  cli::add_bench_command(app, run);
   cli::add_train_command(app, run);
+  cli::add_generate_command(app, run);
+  cli::add_serve_command(app, run);
+  cli::add_logits_command(app, run);
+  cli::add_tokenize_command(app, run);
+  cli::add_diagnose_command(app, run);
   cli::add_dataset_command(app, run);
-  cli::add_planned_command(app, run, "generate", "LLaMA-family text generation from a Hugging Face checkpoint");
-  cli::add_planned_command(app, run, "serve", "OpenAI-compatible HTTP server with streaming");
-  cli::add_planned_command(app, run, "tokenize", "Encode/decode text with a tokenizer.json");
-  cli::add_planned_command(app, run, "logits", "Print or save a model's logits for a prompt");
-  cli::add_planned_command(app, run, "diagnose", "Trace a CUDA program and say why it under-uses the GPU");
 
   try {
     app.parse(argc, argv);

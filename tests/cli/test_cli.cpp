@@ -1,14 +1,21 @@
 // Runs the gpulab executable as a user would and checks exit codes and output.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
+#include <thread>
+
 #include <array>
+#include <sstream>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/gpu.h"
+#include "common/http_client.h"
+#include "core/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -73,10 +80,21 @@ TEST(Cli, InspectMissingPath) {
   EXPECT_NE(r.out.find("no such file"), std::string::npos) << r.out;
 }
 
-TEST(Cli, PlannedCommandSaysNotBuilt) {
-  const CliRun r = run("serve --port 8000");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.out.find("not built yet"), std::string::npos) << r.out;
+TEST(Cli, PlannedCommandsSayNotBuilt) {
+  // Every command --help marks as not built must say so when run, and exit 2.
+  std::istringstream help(run("--help").out);
+  for (std::string line; std::getline(help, line);) {
+    if (line.find("[not built yet]") == std::string::npos) continue;
+    std::istringstream words(line);
+    std::string name;
+    words >> name;
+    const CliRun r = run(name + " --some-flag");
+    EXPECT_EQ(r.exit_code, 2) << name;
+    EXPECT_NE(r.out.find("not built yet"), std::string::npos) << name << ": " << r.out;
+  }
+  const CliRun serve = run("serve --port 8000");
+  EXPECT_EQ(serve.exit_code, 2);
+  EXPECT_NE(serve.out.find("--model"), std::string::npos) << serve.out;
 }
 
 TEST(Cli, InfoWithoutDeviceExits3WithHostFacts) {
@@ -98,6 +116,156 @@ TEST(Cli, InfoJsonOnDevice) {
   EXPECT_FALSE(j["software"]["cudnn"].get<std::string>().empty());
 }
 
+TEST(Cli, LogitsCpuWritesTheFixtureLogits) {
+  std::ifstream in(kData + "/llama_tiny/expected.json");
+  const auto c = nlohmann::json::parse(in)["cases"][0];
+  std::string ids;
+  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const fs::path out = fs::temp_directory_path() / ("gpulab_cli_logits_" + std::to_string(::getpid()) + ".safetensors");
+  const CliRun r = run("logits --model " + kData + "/llama_tiny --ids " + ids + " --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const gpulab::core::SafetensorsFile got(out);
+  const gpulab::core::SafetensorsFile want(kData + "/llama_tiny/expected.safetensors");
+  const auto* g = got.find("logits");
+  const auto* w = want.find(c["logits"].get<std::string>());
+  ASSERT_TRUE(g && w);
+  ASSERT_EQ(g->dtype, gpulab::core::DType::f32);
+  ASSERT_EQ(g->shape, w->shape);
+  ASSERT_EQ(got.tensors().size(), 1u);
+  const auto* gv = reinterpret_cast<const float*>(got.data(*g).data());
+  const auto* wv = reinterpret_cast<const float*>(want.data(*w).data());
+  float max_ref = 0, max_err = 0;
+  for (uint64_t i = 0; i < g->numel(); ++i) {
+    max_ref = std::max(max_ref, std::abs(wv[i]));
+    max_err = std::max(max_err, std::abs(gv[i] - wv[i]));
+  }
+  EXPECT_LE(max_err, 1e-3f * max_ref);
+  fs::remove(out);
+}
+
+TEST(Cli, LogitsBadInputsExit2) {
+  EXPECT_EQ(run("logits --model " + kData + "/llama_tiny --ids 1,x,3").exit_code, 2);
+  EXPECT_EQ(run("logits --model " + kData + "/llama_tiny --ids 1,5000").exit_code, 2);
+  const CliRun r = run("logits --model /no/such/model --ids 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("/no/such/model"), std::string::npos) << r.out;
+  const CliRun d = run("logits --dummy-weights --config llama9 --ids 1");
+  EXPECT_EQ(d.exit_code, 2);
+  EXPECT_NE(d.out.find("llama2-7b"), std::string::npos) << d.out;
+}
+
+TEST(Cli, TokenizeEncodesAndDecodesLikeHuggingFace) {
+  const std::string model = kData + "/tokenizer_spm";
+  const auto cases = nlohmann::json::parse(std::ifstream(model + "/tokenizer_cases.json"))["cases"];
+  const std::string text = cases[5]["text"];  // "GPUs turned from graphics into general compute."
+  const CliRun enc = run("tokenize --model " + model + " --text '" + text + "'");
+  ASSERT_EQ(enc.exit_code, 0) << enc.out;
+  EXPECT_EQ(nlohmann::json::parse(enc.out), nlohmann::json({{"ids", cases[5]["ids"]}}));
+  std::string ids;
+  for (const auto& id : cases[5]["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const CliRun dec = run("tokenize --model " + model + " --ids " + ids);
+  ASSERT_EQ(dec.exit_code, 0) << dec.out;
+  EXPECT_EQ(nlohmann::json::parse(dec.out), nlohmann::json({{"text", text}}));
+  // The JSON array form pastes back too.
+  const CliRun pasted = run("tokenize --model " + model + " --ids '" + nlohmann::json::parse(enc.out)["ids"].dump() + "'");
+  EXPECT_EQ(nlohmann::json::parse(pasted.out), nlohmann::json({{"text", text}})) << pasted.out;
+}
+
+TEST(Cli, TokenizeBadInputExits2) {
+  const std::string model = kData + "/tokenizer_spm";
+  const std::vector<std::string> bad = {"--model /no/such/dir --text hi", "--model " + model + " --ids 1,x,3",
+                                        "--model " + model + " --ids 99999", "--model " + model,
+                                        "--model " + model + " --text a --ids 1"};
+  for (const std::string& args : bad) {
+    const CliRun r = run("tokenize " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
+    EXPECT_FALSE(r.out.empty()) << args;
+  }
+  EXPECT_NE(run("tokenize --model /no/such/dir --text hi").out.find("/no/such/dir"), std::string::npos);
+  EXPECT_NE(run("tokenize --model " + model + " --ids 1,x,3").out.find("\"x\""), std::string::npos);
+}
+
+TEST(Cli, GenerateOnCpuStreamsTextAndStats) {
+  const CliRun r = run("generate --model " + kData + "/llama_tiny --prompt 'Hello' --max-new-tokens 8 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("[cpu] prompt"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generated 8 tokens"), std::string::npos) << r.out;
+  EXPECT_EQ(run("generate --model " + kData + "/llama_tiny --prompt 'Hi' --top-p 0").exit_code, 2);
+}
+
+// `gpulab serve` as a process: answers, then on SIGTERM finishes the request in flight and exits 0.
+TEST(Cli, ServeFinishesInFlightRequestOnSigterm) {
+  int port = 0;
+  {  // a free port: bind 0, read it, release it
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+    ::close(fd);
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string model = kData + "/llama_tiny", p = std::to_string(port);
+    ::execl(GPULAB_EXE, GPULAB_EXE, "-q", "serve", "--model", model.c_str(), "--port", p.c_str(), nullptr);
+    ::_exit(127);
+  }
+  bool up = false;
+  for (int i = 0; i < 300 && !up; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    try {
+      up = gpulab::testing::http_request(port, "GET", "/health").status == 200;
+    } catch (const std::exception&) {
+    }
+  }
+  ASSERT_TRUE(up) << "serve did not come up on port " << port;
+  const int fd = gpulab::testing::http_connect(port);
+  gpulab::testing::http_send(fd, "POST", "/v1/completions", R"({"prompt": "Once", "max_tokens": 300, "temperature": 0, "stream": true})");
+  std::string reply(256, '\0');
+  const ssize_t first = ::recv(fd, reply.data(), reply.size(), 0);
+  ASSERT_GT(first, 0);  // streaming has begun
+  reply.resize(static_cast<size_t>(first));
+  ::kill(pid, SIGTERM);
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) reply.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  EXPECT_NE(reply.find("data: [DONE]"), std::string::npos);  // the request ran to its end
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+TEST(Cli, LogitsCudaNearTheFixture) {
+  GPULAB_REQUIRE_GPU();
+  std::ifstream in(kData + "/llama_tiny/expected.json");
+  const auto c = nlohmann::json::parse(in)["cases"][1];
+  std::string ids;
+  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const fs::path out = fs::temp_directory_path() / ("gpulab_cli_logits_cuda_" + std::to_string(::getpid()) + ".safetensors");
+  const CliRun r = run("logits --device cuda --model " + kData + "/llama_tiny --ids " + ids + " --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const gpulab::core::SafetensorsFile got(out);
+  const gpulab::core::SafetensorsFile want(kData + "/llama_tiny/expected.safetensors");
+  const auto* g = got.find("logits");
+  const auto* w = want.find(c["logits"].get<std::string>());
+  ASSERT_TRUE(g && w);
+  ASSERT_EQ(g->shape, w->shape);
+  const auto* gv = reinterpret_cast<const float*>(got.data(*g).data());
+  const auto* wv = reinterpret_cast<const float*>(want.data(*w).data());
+  double num = 0, den = 0;
+  for (uint64_t i = 0; i < g->numel(); ++i) {
+    num += double(gv[i] - wv[i]) * (gv[i] - wv[i]);
+    den += double(wv[i]) * wv[i];
+  }
+  EXPECT_LE(std::sqrt(num / den), 2e-2);
+  fs::remove(out);
+}
+
+TEST(Cli, LogitsCudaWithoutDeviceExits3) {
+  if (gpulab::core::why_no_device().empty()) GTEST_SKIP() << "a CUDA device is visible";
+  EXPECT_EQ(run("logits --device cuda --model " + kData + "/llama_tiny --ids 1,2").exit_code, 3);
 TEST(Cli, DatasetMakeThenScanCatchesPlantedCorruptFile) {
   const fs::path dir = fs::temp_directory_path() / ("gpulab_cli_ds_" + std::to_string(::getpid()));
   fs::remove_all(dir);

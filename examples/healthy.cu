@@ -1,0 +1,33 @@
+// healthy: one pinned upload, 100 kernels of 5 ms each queued back to back on one stream, one
+// download, one synchronize. `gpulab diagnose` should find nothing of high severity.
+#include <cstdio>
+#include <cstring>
+
+#include "busy.cuh"
+#include "core/error.h"
+
+int main() {
+  int sms = 0;
+  GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr size_t kBytes = 64 << 20;
+  float *host, *dev, *sink;
+  GPULAB_CHECK(cudaMallocHost(&host, kBytes));
+  std::memset(host, 0, kBytes);
+  GPULAB_CHECK(cudaMalloc(&dev, kBytes));
+  GPULAB_CHECK(cudaMalloc(&sink, 1024 * sizeof(float)));
+  cudaStream_t stream;
+  GPULAB_CHECK(cudaStreamCreate(&stream));
+  GPULAB_CHECK(cudaMemcpyAsync(dev, host, kBytes, cudaMemcpyHostToDevice, stream));
+  for (int i = 0; i < 100; ++i) {
+    busy_kernel<<<busy_blocks(sms), 256, 0, stream>>>(5'000'000, sink);
+    GPULAB_CHECK_LAUNCH();
+  }
+  GPULAB_CHECK(cudaMemcpyAsync(host, dev, kBytes, cudaMemcpyDeviceToHost, stream));
+  GPULAB_CHECK(cudaStreamSynchronize(stream));
+  GPULAB_CHECK(cudaStreamDestroy(stream));
+  GPULAB_CHECK(cudaFreeHost(host));
+  GPULAB_CHECK(cudaFree(dev));
+  GPULAB_CHECK(cudaFree(sink));
+  std::printf("healthy: 100 kernels of 5 ms back to back\n");
+  return 0;
+}

@@ -1,0 +1,87 @@
+// The bench suites: a registry (list, select by name), the context a suite runs in, and the entry
+// point `gpulab bench` calls.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bench/report.h"
+#include "core/device.h"
+#include "core/result.h"
+
+namespace gpulab::bench {
+
+struct Options {
+  bool quick = false;                   // a short pass: few sizes, few repetitions
+  bool allow_oversubscription = false;  // um: managed memory beyond the device's memory
+  int device = 0;
+  std::string json_path;                // write the results here when not empty
+};
+
+// What a suite runs with, and where its rows go.
+class Context {
+ public:
+  Context(Options options, core::DeviceInfo device, Datasheet datasheet, std::ostream& out);
+
+  const Options& options() const { return options_; }
+  const core::DeviceInfo& device() const { return device_; }
+  const Datasheet& datasheet() const { return datasheet_; }
+  bool quick() const { return options_.quick; }
+
+  // Measured ceilings by key ("hbm_copy" GB/s, "gemm_bf16_8192" TFLOP/s), for later rows.
+  void set_ceiling(const std::string& key, double value) { ceilings_[key] = value; }
+  std::optional<double> ceiling(const std::string& key) const;
+
+  // A suite adds rows and notes, then finish() prints its table and logs its results.
+  // Adds a row, stamping the SM and memory clocks of the moment (clocks move under load; the
+  // run's GPU stamp holds only those at the start).
+  void add(Row row);
+  void note(std::string text) { notes_.push_back(std::move(text)); }
+  void finish(const std::string& title);
+
+  const core::ResultLog& log() const { return log_; }
+
+ private:
+  Options options_;
+  core::DeviceInfo device_;
+  Datasheet datasheet_;
+  std::ostream& out_;
+  std::map<std::string, double> ceilings_;
+  std::vector<Row> rows_;
+  std::vector<std::string> notes_;
+  core::ResultLog log_;
+};
+
+struct Suite {
+  std::string name;
+  std::string summary;
+  std::function<void(Context&)> run;
+};
+
+// Every suite in the order a full run measures them (memory first: its copy is the bandwidth
+// ceiling the others are shown against).
+const std::vector<Suite>& suites();
+// The suites named (all when `names` is empty), in registry order; InputError for an unknown name.
+std::vector<const Suite*> select_suites(const std::vector<std::string>& names);
+// "name  summary" lines for --list.
+void print_suite_list(std::ostream& out);
+
+// Runs the selected suites on the device; NoDeviceError (exit 3) without one.
+int run_bench(const std::vector<std::string>& names, const Options& options, std::ostream& out);
+
+// The suites, one file each.
+void run_memory_suite(Context& ctx);
+void run_transfer_suite(Context& ctx);
+void run_launch_suite(Context& ctx);
+void run_gemm_suite(Context& ctx);
+void run_um_suite(Context& ctx);
+void run_p2p_suite(Context& ctx);
+void run_nccl_suite(Context& ctx);
+void run_power_suite(Context& ctx);
+
+}  // namespace gpulab::bench

@@ -1,0 +1,47 @@
+#include "bench/timing.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/memory.h"
+
+namespace gpulab::bench {
+
+std::vector<double> time_on_stream(cudaStream_t stream, const std::function<void()>& enqueue,
+                                   const TimingPlan& plan) {
+  core::Event begin, end;
+  auto run = [&](int calls) {
+    begin.record(stream);
+    for (int i = 0; i < calls; ++i) enqueue();
+    end.record(stream);
+    end.synchronize();
+    float ms = 0;
+    GPULAB_CHECK(cudaEventElapsedTime(&ms, begin.get(), end.get()));
+    return double(ms);
+  };
+  const double first = std::max(run(1), 1e-4);
+  const int calls = std::clamp(int(std::ceil(plan.min_sample_ms / first)), 1, 10000);
+  for (double warm = first; warm < plan.warmup_ms;) warm += run(calls);
+  std::vector<double> out;
+  for (int s = 0; s < plan.samples; ++s) out.push_back(run(calls) / calls);
+  return out;
+}
+
+std::vector<double> time_on_host(const std::function<void()>& call, const TimingPlan& plan) {
+  using clock = std::chrono::steady_clock;
+  auto run = [&](int calls) {
+    const auto t0 = clock::now();
+    for (int i = 0; i < calls; ++i) call();
+    return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  };
+  const double first = std::max(run(1), 1e-6);
+  const int calls = std::clamp(int(std::ceil(plan.min_sample_ms / first)), 1, 100000);
+  for (double warm = first; warm < plan.warmup_ms;) warm += run(calls);
+  std::vector<double> out;
+  for (int s = 0; s < plan.samples; ++s) out.push_back(run(calls) / calls);
+  return out;
+}
+
+}  // namespace gpulab::bench

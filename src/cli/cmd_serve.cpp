@@ -1,0 +1,83 @@
+// gpulab serve: the OpenAI-compatible HTTP API over continuous batching.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <pthread.h>
+
+#include "cli/command.h"
+#include "cli/model_options.h"
+#include "core/http_server.h"
+#include "core/log.h"
+#include "llm/openai_server.h"
+
+namespace gpulab::cli {
+
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_name;
+  int64_t prefill_chunk = 512;
+};
+
+int run_serve(const ServeOptions& opt) {
+  // SIGINT/SIGTERM are taken by sigwait below; block them before any thread starts so that
+  // every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const llm::Tokenizer tokenizer = load_tokenizer(opt.model);
+  const llm::WeightSource weights = load_weights(opt.model);
+  auto engine = llm::make_engine(weights, opt.model.engine);
+  llm::Scheduler scheduler(*engine, tokenizer, {opt.model.engine.cuda.max_batch, opt.prefill_chunk});
+  scheduler.start();
+
+  llm::ServerOptions server_options;
+  server_options.model_name = !opt.served_name.empty() ? opt.served_name
+                              : !opt.model.model.empty() ? std::filesystem::path(opt.model.model).filename().string()
+                                                         : opt.model.config;
+  if (server_options.model_name.empty())
+    server_options.model_name = std::filesystem::path(opt.model.model).parent_path().filename().string();
+  core::HttpServer server;
+  llm::add_openai_routes(server, scheduler, tokenizer, server_options);
+  server.start(opt.host, opt.port);
+  core::log_info("gpulab serve: model \"", server_options.model_name, "\" on ", engine->device_name(), ", listening on http://",
+                 opt.host, ":", server.port(), " (KV room ", engine->kv_capacity_tokens(), " tokens); Ctrl-C or SIGTERM stops");
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  core::log_info("gpulab serve: ", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                 ": no new connections; finishing requests in flight");
+  server.stop();      // waits for open connections, whose requests the scheduler still runs
+  scheduler.drain();
+  scheduler.stop();
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, Runner& run) {
+  auto opt = std::make_shared<ServeOptions>();
+  auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching");
+  add_model_options(*sub, opt->model);
+  sub->add_option("--host", opt->host, "IPv4 address to listen on")->capture_default_str();
+  sub->add_option("--port", opt->port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  sub->add_option("--served-model-name", opt->served_name, "Model name clients use (default: the model folder's name)");
+  sub->add_option("--prefill-chunk", opt->prefill_chunk, "Prompt tokens a request feeds per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->footer(
+      "Endpoints: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events),\n"
+      "GET /v1/models, GET /health, GET /metrics (Prometheus).\n"
+      "Example:\n  gpulab serve --model ~/models/Llama-3-8B-Instruct --device cuda --port 8000\n"
+      "  curl localhost:8000/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 32}'");
+  sub->callback([&run, opt] { run = [opt] { return run_serve(*opt); }; });
+}
+
+}  // namespace gpulab::cli

@@ -1,0 +1,45 @@
+#include "cli/model_options.h"
+
+#include "core/error.h"
+
+namespace gpulab::cli {
+
+void add_model_options(CLI::App& sub, ModelOptions& opt) {
+  sub.add_option("--model", opt.model, "Hugging Face checkpoint folder (config.json, safetensors, tokenizer.json)");
+  sub.add_option("--config", opt.config, "With --dummy-weights: a config.json or a built-in shape (llama2-7b, llama3-8b, ...)");
+  sub.add_flag("--dummy-weights", opt.dummy_weights, "Random weights of the right shapes instead of a checkpoint");
+  sub.add_option("--tokenizer", opt.tokenizer, "tokenizer.json (or its folder) when not in --model");
+  sub.add_option("--device", opt.engine.device, "Where to run: cpu (float32 reference) or cuda (bf16 engine)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  sub.add_option("--gpu-memory-fraction", opt.engine.cuda.gpu_memory_fraction,
+                 "Share of free GPU memory for weights, buffers and the KV cache")
+      ->check(CLI::Range(0.05, 0.99))
+      ->capture_default_str();
+  sub.add_option("--cpu-kv-tokens", opt.engine.cpu_kv_tokens, "KV-cache room of the CPU engine, in tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub.add_option("--threads", opt.engine.threads, "CPU threads (0: all)")->capture_default_str();
+  sub.add_option("--max-batch", opt.engine.cuda.max_batch, "Most sequences in one engine step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+llm::WeightSource load_weights(const ModelOptions& opt) {
+  if (opt.dummy_weights) {
+    if (opt.config.empty()) throw core::InputError("--dummy-weights needs --config FILE|NAME");
+    return llm::WeightSource::random(llm::config_from_arg(opt.config));
+  }
+  if (opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME)");
+  return llm::WeightSource::from_checkpoint(opt.model);
+}
+
+llm::Tokenizer load_tokenizer(const ModelOptions& opt) {
+  if (!opt.tokenizer.empty()) return llm::Tokenizer::from_file(opt.tokenizer);
+  if (opt.model.empty() && opt.dummy_weights)
+    throw core::InputError("give --tokenizer FILE: --dummy-weights has no tokenizer of its own");
+  if (opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME --tokenizer FILE)");
+  return llm::Tokenizer::from_file(opt.model);
+}
+
+}  // namespace gpulab::cli

@@ -1,0 +1,45 @@
+#include "kernels/rmsnorm.h"
+
+#include "core/dtype_dispatch.h"
+#include "core/error.h"
+
+namespace gpulab::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class Out, class In>
+__global__ void rmsnorm_kernel(Out* out, const In* in, const Out* weight, int64_t dim, float eps) {
+  const In* x = in + blockIdx.x * dim;
+  float sum_sq = 0.f;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+    const float v = static_cast<float>(x[i]);
+    sum_sq += v * v;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+  __shared__ float warp_sums[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum_sq;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  const float inv_rms = rsqrtf(total / static_cast<float>(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads)
+    out[blockIdx.x * dim + i] = static_cast<Out>(static_cast<float>(weight[i]) * (static_cast<float>(x[i]) * inv_rms));
+}
+
+}  // namespace
+
+void rmsnorm(void* out, core::DType out_dtype, const void* in, core::DType in_dtype, const void* weight,
+             int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  core::dispatch_activation(out_dtype, [&]<class Out>() {
+    core::dispatch_activation(in_dtype, [&]<class In>() {
+      rmsnorm_kernel<Out, In><<<rows, kThreads, 0, stream>>>(static_cast<Out*>(out), static_cast<const In*>(in),
+                                                             static_cast<const Out*>(weight), dim, eps);
+      GPULAB_CHECK_LAUNCH();
+    });
+  });
+}
+
+}  // namespace gpulab::kernels

@@ -1,0 +1,42 @@
+#include "kernels/rope.h"
+
+#include "core/dtype_dispatch.h"
+#include "core/error.h"
+
+namespace gpulab::kernels {
+
+namespace {
+
+// One block per token; threads over (head, i < half) of q then k.
+template <class T>
+__global__ void rope_kernel(T* q, int64_t q_stride, int64_t q_heads, T* k, int64_t k_stride, int64_t k_heads,
+                            const int32_t* positions, const float* inv_freq, int64_t half) {
+  const int64_t t = blockIdx.x;
+  const float pos = static_cast<float>(positions[t]);
+  const int64_t q_pairs = q_heads * half, all_pairs = (q_heads + k_heads) * half;
+  for (int64_t p = threadIdx.x; p < all_pairs; p += blockDim.x) {
+    const bool is_q = p < q_pairs;
+    const int64_t pp = is_q ? p : p - q_pairs;
+    const int64_t head = pp / half, i = pp % half;
+    T* v = (is_q ? q + t * q_stride : k + t * k_stride) + head * 2 * half;
+    float s, c;
+    sincosf(pos * inv_freq[i], &s, &c);
+    const float a = static_cast<float>(v[i]), b = static_cast<float>(v[i + half]);
+    v[i] = static_cast<T>(a * c - b * s);
+    v[i + half] = static_cast<T>(b * c + a * s);
+  }
+}
+
+}  // namespace
+
+void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float* inv_freq, int64_t tokens,
+          int64_t head_dim, core::DType dtype, cudaStream_t stream) {
+  if (tokens == 0) return;
+  core::dispatch_activation(dtype, [&]<class T>() {
+    rope_kernel<T><<<tokens, 256, 0, stream>>>(static_cast<T*>(q.x), q.stride, q.heads, static_cast<T*>(k.x),
+                                               k.stride, k.heads, positions, inv_freq, head_dim / 2);
+    GPULAB_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace gpulab::kernels

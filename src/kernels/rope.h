@@ -1,0 +1,27 @@
+// Rotary position embedding in place, Hugging Face rotate_half convention: within each head the
+// pairs (i, i + head_dim/2) rotate by angle positions[t] · inv_freq[i]. Rows of `x` are
+// `stride` elements apart (q or k inside a fused QKV row), heads are contiguous in a row.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace gpulab::kernels {
+
+struct RopeTarget {
+  void* x;
+  int64_t stride;  // elements between rows
+  int64_t heads;
+};
+
+// Rotates q and k of `tokens` rows; inv_freq is a device array of head_dim / 2 floats.
+void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float* inv_freq, int64_t tokens,
+          int64_t head_dim, core::DType dtype, cudaStream_t stream);
+
+void rope_ref(float* x, int64_t stride, int64_t heads, const int32_t* positions, const float* inv_freq,
+              int64_t tokens, int64_t head_dim);
+
+}  // namespace gpulab::kernels

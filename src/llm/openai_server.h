@@ -1,0 +1,28 @@
+// The OpenAI-compatible HTTP API over a Scheduler: /v1/completions and /v1/chat/completions
+// (with `stream: true` as server-sent events), /v1/models, /health and /metrics (Prometheus).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/http_server.h"
+#include "llm/scheduler.h"
+#include "llm/tokenizer.h"
+
+namespace gpulab::llm {
+
+struct ServerOptions {
+  std::string model_name;         // what /v1/models lists and requests may name
+  size_t max_waiting = 1024;      // requests queued beyond this get HTTP 429
+  int64_t default_max_tokens = 16;
+};
+
+// Prompt text for chat messages in the model family's format: Llama-3 when the tokenizer knows
+// `<|start_header_id|>`, otherwise Llama-2's `[INST]` format. Throws InputError on bad messages.
+std::string format_chat(const Tokenizer& tokenizer, const nlohmann::json& messages);
+
+// Registers the API's routes on `server`. `scheduler` and `tokenizer` must outlive it.
+void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tokenizer& tokenizer,
+                       const ServerOptions& options);
+
+}  // namespace gpulab::llm

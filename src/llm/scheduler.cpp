@@ -1,0 +1,237 @@
+#include "llm/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace gpulab::llm {
+
+using Clock = std::chrono::steady_clock;
+
+struct Scheduler::Active {
+  GenerationRequest request;
+  Sampler sampler;
+  SeqId seq = -1;
+  int64_t prompt_fed = 0;        // prompt tokens already in the KV cache
+  std::vector<int32_t> generated;
+  size_t text_emitted = 0;       // bytes of the generated text already passed to on_text
+  GenerationResult result;
+  Clock::time_point submitted = Clock::now();
+  bool done = false;
+
+  explicit Active(GenerationRequest r) : request(std::move(r)), sampler(request.sampling) {}
+  bool prefilling() const { return prompt_fed < static_cast<int64_t>(request.prompt.size()); }
+};
+
+namespace {
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of some stop string: those
+// bytes may yet become a stop string, so they are held back from the stream.
+size_t stop_prefix_suffix(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const auto& s : stops)
+    for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n)
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+  return hold;
+}
+
+// Bytes at the end of `text` that are U+FFFD standing in for an incomplete UTF-8 sequence a
+// later token may complete (byte-fallback and byte-level tokens split characters).
+size_t incomplete_tail(const std::string& text) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  size_t hold = 0;
+  while (text.size() >= hold + 3 && text.compare(text.size() - hold - 3, 3, kReplacement) == 0) hold += 3;
+  return hold;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, SchedulerOptions options)
+    : engine_(engine), tokenizer_(tokenizer), options_(options) {
+  options_.max_batch = std::min(options_.max_batch, engine.max_batch());
+}
+
+Scheduler::~Scheduler() {
+  stop();
+  std::lock_guard lock(mutex_);
+  for (auto& a : running_) finish(*a, "cancelled");
+  for (auto& a : waiting_) finish(*a, "cancelled");
+}
+
+void Scheduler::submit(GenerationRequest request) {
+  const auto& cfg = engine_.config();
+  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+  if (prompt == 0) throw core::InputError("the prompt is empty");
+  if (request.max_new_tokens < 1) throw core::InputError("max_tokens must be at least 1");
+  const int64_t total = prompt + request.max_new_tokens;
+  if (cfg.max_position_embeddings > 0 && total > cfg.max_position_embeddings)
+    throw core::InputError("prompt (" + std::to_string(prompt) + " tokens) plus max_tokens (" +
+                           std::to_string(request.max_new_tokens) + ") exceeds the model's context of " +
+                           std::to_string(cfg.max_position_embeddings) + " tokens");
+  if (total > engine_.kv_capacity_tokens())
+    throw core::InputError("prompt plus max_tokens (" + std::to_string(total) + " tokens) exceeds the KV cache (" +
+                           std::to_string(engine_.kv_capacity_tokens()) + " tokens)");
+  for (int32_t id : request.prompt)
+    if (id < 0 || id >= cfg.vocab_size) throw core::InputError("token id " + std::to_string(id) + " is outside the vocabulary");
+  for (const auto& s : request.stop)
+    if (s.empty()) throw core::InputError("a stop string is empty");
+  auto active = std::make_unique<Active>(std::move(request));  // validates sampling params
+  active->result.prompt_tokens = prompt;
+  {
+    std::lock_guard lock(mutex_);
+    ++metrics_.requests_total;
+    metrics_.prompt_tokens_total += prompt;
+    waiting_.push_back(std::move(active));
+  }
+  wake_.notify_one();
+}
+
+void Scheduler::admit() {
+  // In arrival order; a request that does not fit yet blocks those behind it (no starvation).
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_batch) {
+    Active& a = *waiting_.front();
+    const auto seq = engine_.open(static_cast<int64_t>(a.request.prompt.size()) + a.request.max_new_tokens);
+    if (!seq) break;
+    a.seq = *seq;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+void Scheduler::finish(Active& a, const std::string& reason) {
+  if (a.done) return;
+  a.done = true;
+  if (a.seq >= 0) engine_.close(a.seq);
+  a.result.finish_reason = reason;
+  a.result.tokens = a.generated;
+  a.result.total_ms = ms_since(a.submitted);
+  if (reason == "cancelled") ++metrics_.requests_cancelled;
+  else ++metrics_.requests_finished;
+  if (a.request.on_done) a.request.on_done(a.result);
+}
+
+bool Scheduler::step_once() {
+  std::vector<SeqId> seqs;
+  std::vector<std::span<const int32_t>> chunks;
+  std::vector<Active*> batch;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& a : running_)
+      if (*a->request.cancelled) finish(*a, "cancelled");
+    std::erase_if(running_, [](const auto& a) { return a->done; });
+    for (auto& a : waiting_)
+      if (*a->request.cancelled) finish(*a, "cancelled");
+    std::erase_if(waiting_, [](const auto& a) { return a->done; });
+    admit();
+    if (running_.empty()) return false;
+    for (auto& a : running_) {
+      std::span<const int32_t> chunk;
+      if (a->prefilling()) {
+        const int64_t n = std::min<int64_t>(options_.prefill_chunk, a->request.prompt.size() - a->prompt_fed);
+        chunk = std::span<const int32_t>(a->request.prompt).subspan(a->prompt_fed, n);
+      } else {
+        chunk = std::span<const int32_t>(&a->generated.back(), 1);
+      }
+      seqs.push_back(a->seq);
+      chunks.push_back(chunk);
+      batch.push_back(a.get());
+    }
+  }
+
+  const int64_t vocab = engine_.config().vocab_size;
+  std::vector<float> logits(batch.size() * vocab);
+  engine_.step(seqs, chunks, logits);
+
+  std::lock_guard lock(mutex_);
+  ++metrics_.steps;
+  const auto& eos = engine_.config().eos_token_ids;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Active& a = *batch[i];
+    if (a.prefilling()) {
+      a.prompt_fed += static_cast<int64_t>(chunks[i].size());
+      if (a.prefilling()) continue;  // more prompt to feed: no token yet
+    }
+    const int32_t token = a.sampler.sample(std::span<const float>(logits).subspan(i * vocab, vocab));
+    a.generated.push_back(token);
+    ++metrics_.generated_tokens_total;
+    if (a.generated.size() == 1) a.result.ttft_ms = ms_since(a.submitted);
+
+    const bool is_eos = a.request.stop_at_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
+    // Text of everything generated so far (the eos token itself is not text).
+    const std::span<const int32_t> text_ids(a.generated.data(), a.generated.size() - (is_eos ? 1 : 0));
+    std::string text = tokenizer_.decode(text_ids, /*skip_special=*/true);
+    std::string reason;
+    size_t stop_at = std::string::npos;
+    for (const auto& s : a.request.stop) stop_at = std::min(stop_at, text.find(s));
+    if (stop_at != std::string::npos) {
+      text.resize(stop_at);
+      reason = "stop";
+    } else if (is_eos) {
+      reason = "stop";
+    } else if (static_cast<int64_t>(a.generated.size()) >= a.request.max_new_tokens) {
+      reason = "length";
+    }
+    const size_t safe = reason.empty()
+                            ? text.size() - std::max(stop_prefix_suffix(text, a.request.stop), incomplete_tail(text))
+                            : text.size();
+    if (safe > a.text_emitted) {
+      const std::string piece = text.substr(a.text_emitted, safe - a.text_emitted);
+      a.text_emitted = safe;
+      if (a.request.on_text && !a.request.on_text(piece)) reason = "cancelled";
+    }
+    a.result.text = text.substr(0, a.text_emitted);
+    if (!reason.empty()) finish(a, reason);
+  }
+  std::erase_if(running_, [](const auto& a) { return a->done; });
+  if (running_.empty() && waiting_.empty()) idle_.notify_all();
+  return true;
+}
+
+void Scheduler::run_until_idle() {
+  while (step_once()) {
+  }
+  std::lock_guard lock(mutex_);
+  if (!waiting_.empty()) throw core::Error("scheduler: requests wait for KV room that never frees");
+}
+
+void Scheduler::start() {
+  thread_ = std::thread([this] {
+    while (!stopping_) {
+      if (step_once()) continue;
+      std::unique_lock lock(mutex_);
+      idle_.notify_all();
+      wake_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stopping_ || !waiting_.empty(); });
+    }
+  });
+}
+
+void Scheduler::stop() {
+  stopping_ = true;
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::drain() {
+  std::unique_lock lock(mutex_);
+  idle_.wait(lock, [this] { return running_.empty() && waiting_.empty(); });
+}
+
+SchedulerMetrics Scheduler::metrics() const {
+  std::lock_guard lock(mutex_);
+  SchedulerMetrics m = metrics_;
+  m.running = static_cast<int64_t>(running_.size());
+  m.waiting = static_cast<int64_t>(waiting_.size());
+  m.kv_capacity_tokens = engine_.kv_capacity_tokens();
+  m.kv_free_tokens = engine_.kv_free_tokens();
+  return m;
+}
+
+}  // namespace gpulab::llm

@@ -1,0 +1,67 @@
+// Where a model's weights come from: a Hugging Face checkpoint folder (validated against its
+// config: every tensor present, with the right shape and a float dtype) or random values of the
+// right shapes (`--dummy-weights`, for benchmarks).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "llm/config.h"
+
+namespace gpulab::llm {
+
+class WeightSource {
+ public:
+  // Reads `dir`/config.json (+ generation_config.json) and the safetensors in `dir`; throws
+  // core::InputError naming the folder and the missing or wrong-shaped tensor.
+  static WeightSource from_checkpoint(const std::filesystem::path& dir);
+  // Random weights: linear layers ~ U(-a, a) with std 0.02, norms 1. Deterministic in `seed`.
+  static WeightSource random(const LlamaConfig& config, uint64_t seed = 0);
+
+  const LlamaConfig& config() const { return config_; }
+  bool is_random() const { return !checkpoint_; }
+  uint64_t seed() const { return seed_; }
+  const WeightSpec& spec(const std::string& name) const;
+
+  // The named tensor converted to float32, or to bf16 bits; numel = product of its shape.
+  std::vector<float> load_f32(const std::string& name) const;
+  std::vector<uint16_t> load_bf16(const std::string& name) const;
+
+ private:
+  LlamaConfig config_;
+  std::vector<WeightSpec> specs_;
+  std::shared_ptr<const core::Checkpoint> checkpoint_;
+  uint64_t seed_ = 0;
+};
+
+// How random weights fill tensor `name`: value(i) = offset + scale * u(stream, i), u uniform in
+// [-1, 1). Shared by the host loader and the device fill so both give the same model.
+struct RandomFill {
+  uint64_t stream;
+  float scale;
+  float offset;
+};
+RandomFill random_fill(const std::string& name, uint64_t seed);
+
+#ifdef __CUDACC__
+#define GPULAB_HOST_DEVICE __host__ __device__
+#else
+#define GPULAB_HOST_DEVICE
+#endif
+// splitmix64 of (stream, index), mapped to [-1, 1).
+GPULAB_HOST_DEVICE inline float random_uniform(uint64_t stream, uint64_t index) {
+  uint64_t z = stream + (index + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+GPULAB_HOST_DEVICE inline float random_value(const RandomFill& f, uint64_t index) {
+  return f.offset + f.scale * random_uniform(f.stream, index);
+}
+
+}  // namespace gpulab::llm

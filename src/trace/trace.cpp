@@ -1,0 +1,51 @@
+#include "trace/trace.h"
+
+namespace gpulab::trace {
+
+namespace {
+
+constexpr std::array<std::string_view, 8> kMemoryKindNames = {
+    "Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static"};
+constexpr std::array<std::string_view, 11> kCopyKindNames = {
+    "Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+constexpr std::array<std::string_view, 6> kUmKindNames = {
+    "htod_migration", "dtoh_migration", "cpu_fault", "gpu_fault", "thrashing", "throttling"};
+
+template <class Enum, size_t N>
+std::optional<Enum> parse_name(const std::array<std::string_view, N>& names, std::string_view name) {
+  for (size_t i = 0; i < N; ++i)
+    if (names[i] == name) return Enum(i);
+  return std::nullopt;
+}
+
+template <size_t N>
+std::string_view name_of(const std::array<std::string_view, N>& names, int i) {
+  return i >= 0 && size_t(i) < N ? names[i] : names[0];
+}
+
+}  // namespace
+
+std::string_view memory_kind_name(MemoryKind k) { return name_of(kMemoryKindNames, int(k)); }
+std::string_view copy_kind_name(CopyKind k) { return name_of(kCopyKindNames, int(k)); }
+std::string_view um_kind_name(UmKind k) { return kUmKindNames[size_t(k)]; }
+
+std::optional<MemoryKind> parse_memory_kind(std::string_view name) {
+  return parse_name<MemoryKind>(kMemoryKindNames, name);
+}
+std::optional<CopyKind> parse_copy_kind(std::string_view name) {
+  return parse_name<CopyKind>(kCopyKindNames, name);
+}
+std::optional<UmKind> parse_um_kind(std::string_view name) { return parse_name<UmKind>(kUmKindNames, name); }
+
+bool touches_host(CopyKind k) {
+  return k == CopyKind::htod || k == CopyKind::dtoh || k == CopyKind::htoa || k == CopyKind::atoh;
+}
+
+double DeviceInfo::pcie_gbps() const {
+  // Per-lane one-direction GB/s after line encoding (8b/10b up to gen 2, 128b/130b from gen 3).
+  constexpr std::array<double, 7> kLaneGbps = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.877};
+  if (pcie_generation <= 0 || pcie_generation >= int(kLaneGbps.size()) || pcie_width <= 0) return 0;
+  return kLaneGbps[pcie_generation] * pcie_width;
+}
+
+}  // namespace gpulab::trace

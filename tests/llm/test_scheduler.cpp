@@ -1,0 +1,163 @@
+// Continuous batching on the CPU engine: batched, chunked and interleaved requests must give
+// exactly what each request gives alone (the transformers greedy continuation of the fixtures).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+#include "fixtures.h"
+#include "llm/engine.h"
+#include "llm/scheduler.h"
+
+using namespace gpulab;
+using namespace gpulab::llm;
+
+namespace {
+
+// Delegates to the CPU engine and records how many sequences were open at once.
+class CountingEngine final : public Engine {
+ public:
+  explicit CountingEngine(std::unique_ptr<Engine> inner) : inner_(std::move(inner)) {}
+  const LlamaConfig& config() const override { return inner_->config(); }
+  const char* device_name() const override { return "counting"; }
+  int64_t max_batch() const override { return inner_->max_batch(); }
+  int64_t kv_capacity_tokens() const override { return inner_->kv_capacity_tokens(); }
+  int64_t kv_free_tokens() const override { return inner_->kv_free_tokens(); }
+  std::optional<SeqId> open(int64_t n) override {
+    auto s = inner_->open(n);
+    if (s) max_open = std::max(max_open, ++open_now);
+    return s;
+  }
+  void close(SeqId s) override {
+    --open_now;
+    inner_->close(s);
+  }
+  void step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks, std::span<float> logits) override {
+    max_step = std::max<int64_t>(max_step, seqs.size());
+    inner_->step(seqs, chunks, logits);
+  }
+  int64_t open_now = 0, max_open = 0, max_step = 0;
+
+ private:
+  std::unique_ptr<Engine> inner_;
+};
+
+struct Harness {
+  WeightSource weights = WeightSource::from_checkpoint(llm::testing::fixture_dir("llama_tiny"));
+  Tokenizer tokenizer = Tokenizer::from_file(llm::testing::fixture_dir("llama_tiny"));
+  CountingEngine engine;
+  explicit Harness(int64_t kv_tokens) : engine(make_cpu_engine(weights, kv_tokens, 2)) {}
+};
+
+GenerationRequest greedy_request(const std::vector<int32_t>& prompt, int64_t n, std::vector<int32_t>* out) {
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_new_tokens = n;
+  r.stop_at_eos = false;  // the fixture continuation suppresses nothing
+  r.on_done = [out](const GenerationResult& res) { *out = res.tokens; };
+  return r;
+}
+
+}  // namespace
+
+TEST(Scheduler, BatchedChunkedGreedyEqualsTransformers) {
+  const auto cases = llm::testing::load_fixture_cases("llama_tiny");
+  for (int64_t chunk : {512, 3}) {
+    Harness h(4096);
+    Scheduler scheduler(h.engine, h.tokenizer, {64, chunk});
+    std::vector<std::vector<int32_t>> got(cases.size());
+    for (size_t i = 0; i < cases.size(); ++i) scheduler.submit(greedy_request(cases[i].ids, 24, &got[i]));
+    scheduler.run_until_idle();
+    for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(got[i], cases[i].greedy) << "case " << i << " chunk " << chunk;
+    EXPECT_EQ(h.engine.max_step, static_cast<int64_t>(cases.size()));  // all ran in one batch
+    EXPECT_EQ(h.engine.kv_free_tokens(), 4096);                           // every sequence released
+  }
+}
+
+TEST(Scheduler, RequestsWaitForKvRoomAndAllFinish) {
+  const auto cases = llm::testing::load_fixture_cases("llama_tiny");
+  const int64_t need = static_cast<int64_t>(cases[0].ids.size()) + 24;
+  Harness h(need * 2);  // room for two at a time
+  Scheduler scheduler(h.engine, h.tokenizer);
+  std::vector<std::vector<int32_t>> got(6);
+  for (auto& g : got) scheduler.submit(greedy_request(cases[0].ids, 24, &g));
+  scheduler.run_until_idle();
+  EXPECT_EQ(h.engine.max_open, 2);
+  for (const auto& g : got) EXPECT_EQ(g, cases[0].greedy);
+  EXPECT_EQ(h.engine.kv_free_tokens(), need * 2);
+}
+
+TEST(Scheduler, RefusesRequestsThatCanNeverRun) {
+  Harness h(100);
+  Scheduler scheduler(h.engine, h.tokenizer);
+  std::vector<int32_t> out;
+  EXPECT_THROW(scheduler.submit(greedy_request({}, 4, &out)), core::InputError);                 // empty prompt
+  EXPECT_THROW(scheduler.submit(greedy_request({5, 6}, 200, &out)), core::InputError);          // beyond KV room
+  EXPECT_THROW(scheduler.submit(greedy_request({5, 6}, 0, &out)), core::InputError);            // nothing to do
+  EXPECT_THROW(scheduler.submit(greedy_request({5, 99999}, 4, &out)), core::InputError);        // not a token
+  Harness big(100000);
+  Scheduler s2(big.engine, big.tokenizer);
+  EXPECT_THROW(s2.submit(greedy_request({5, 6}, 600, &out)), core::InputError);                 // beyond context 512
+  auto r = greedy_request({5, 6}, 4, &out);
+  r.sampling.top_p = 0;
+  EXPECT_THROW(s2.submit(std::move(r)), core::InputError);
+}
+
+TEST(Scheduler, CancelledRequestsFreeTheirRoom) {
+  Harness h(1000);
+  Scheduler scheduler(h.engine, h.tokenizer);
+  std::string reason;
+  auto r = greedy_request({5, 6, 7}, 50, nullptr);
+  r.on_done = [&](const GenerationResult& res) { reason = res.finish_reason; };
+  int pieces = 0;
+  r.on_text = [&](const std::string&) { return ++pieces < 3; };  // the client leaves after 3 tokens
+  scheduler.submit(std::move(r));
+  scheduler.run_until_idle();
+  EXPECT_EQ(reason, "cancelled");
+  EXPECT_EQ(pieces, 3);
+  EXPECT_EQ(h.engine.kv_free_tokens(), 1000);
+  EXPECT_EQ(scheduler.metrics().requests_cancelled, 1);
+}
+
+TEST(Scheduler, StopStringCutsTextAndStreamNeverShowsIt) {
+  const auto cases = llm::testing::load_fixture_cases("llama_tiny");
+  Harness h(4096);
+  const std::string full = h.tokenizer.decode(cases[0].greedy, true);
+  ASSERT_GT(full.size(), 12u);
+  const std::string stop = full.substr(6, 3);
+  const std::string expected = full.substr(0, full.find(stop));
+  Scheduler scheduler(h.engine, h.tokenizer);
+  GenerationResult result;
+  std::string streamed;
+  auto r = greedy_request(cases[0].ids, 24, nullptr);
+  r.stop = {stop};
+  r.on_text = [&](const std::string& piece) {
+    streamed += piece;
+    return true;
+  };
+  r.on_done = [&](const GenerationResult& res) { result = res; };
+  scheduler.submit(std::move(r));
+  scheduler.run_until_idle();
+  EXPECT_EQ(result.finish_reason, "stop");
+  EXPECT_EQ(result.text, expected);
+  EXPECT_EQ(streamed, expected);
+}
+
+TEST(Scheduler, SeededSamplingIsReproducibleAndTopK1IsGreedy) {
+  const auto cases = llm::testing::load_fixture_cases("llama_tiny");
+  auto sample = [&](SamplingParams p) {
+    Harness h(4096);
+    Scheduler scheduler(h.engine, h.tokenizer);
+    std::vector<int32_t> out;
+    auto r = greedy_request(cases[1].ids, 24, &out);
+    r.sampling = p;
+    scheduler.submit(std::move(r));
+    scheduler.run_until_idle();
+    return out;
+  };
+  const auto a = sample({1.0f, 0, 0.9f, 42}), b = sample({1.0f, 0, 0.9f, 42}), c = sample({1.0f, 0, 0.9f, 43});
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_EQ(sample({0.7f, 1, 1.0f, 5}), cases[1].greedy);
+}

@@ -1,0 +1,268 @@
+// Chrome-trace reading (PyTorch-profiler layout and ours), writing, and malformed input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/error.h"
+#include "trace/chrome_trace.h"
+#include "trace/report.h"
+#include "trace/rules.h"
+#include "trace/synthetic.h"
+
+using namespace gpulab::trace;
+using namespace gpulab::trace::testing;
+using gpulab::core::InputError;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kKineto = fs::path(GPULAB_TEST_DATA) / "traces" / "kineto_small.json";
+
+fs::path temp_file(const std::string& name, const std::string& contents) {
+  const fs::path p = fs::temp_directory_path() / ("gpulab_trace_" + std::to_string(getpid()) + "_" + name);
+  std::ofstream(p, std::ios::binary) << contents;
+  return p;
+}
+
+// The message of the InputError `f` throws ("" when it throws nothing).
+template <class F>
+std::string input_error(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(ChromeTrace, ReadsKinetoLayout) {
+  const Trace t = read_chrome_trace(kKineto);
+  ASSERT_EQ(t.kernels.size(), 3u);
+  ASSERT_EQ(t.memcpys.size(), 1u);
+  ASSERT_EQ(t.memsets.size(), 1u);
+  EXPECT_EQ(t.api_calls.size(), 7u);
+  EXPECT_EQ(std::count_if(t.api_calls.begin(), t.api_calls.end(), [](auto& c) { return c.driver; }), 1);
+  ASSERT_EQ(t.devices.count(0), 1u);
+  EXPECT_EQ(t.devices.at(0).sm_count, 132);
+  EXPECT_EQ(t.devices.at(0).name, "NVIDIA H100 80GB HBM3");
+
+  const Kernel& k = t.kernels[0];
+  EXPECT_EQ(k.name, "void gemm_kernel<float>(float const*, float*, int)");
+  EXPECT_EQ(k.grid, (std::array<int, 3>{8, 1, 1}));
+  EXPECT_EQ(k.block, (std::array<int, 3>{256, 1, 1}));
+  EXPECT_EQ(k.registers, 96);
+  EXPECT_EQ(k.shared_memory, 16384);
+  EXPECT_EQ(k.stream, 7);
+  EXPECT_EQ(k.correlation, 11);
+  EXPECT_EQ(k.duration_ns(), 1000000);
+
+  const Memcpy& m = t.memcpys[0];
+  EXPECT_EQ(m.kind, CopyKind::htod);
+  EXPECT_EQ(m.src, MemoryKind::pageable);
+  EXPECT_EQ(m.dst, MemoryKind::device);
+  EXPECT_EQ(m.bytes, 33554432);
+  EXPECT_EQ(k.start_ns - m.start_ns, 5018000);  // microsecond timestamps near 1e9 keep ns precision
+  EXPECT_EQ(t.memsets[0].dst, MemoryKind::device);
+  EXPECT_EQ(t.memsets[0].bytes, 1024);
+  // "tid" written as a string is the same thread as the numeric one.
+  for (const auto& c : t.api_calls) EXPECT_EQ(c.thread, 4242);
+}
+
+TEST(ChromeTrace, KinetoTraceGivesExpectedFindings) {
+  const Report r = analyze(read_chrome_trace(kKineto));
+  ASSERT_EQ(r.findings.size(), 3u) << rules_text(r);
+  EXPECT_EQ(r.findings[0].rule, "host_starved");
+  EXPECT_EQ(r.findings[0].severity, Severity::high);
+  EXPECT_NEAR(r.findings[0].time_lost_ms, 8.98, 1e-6);
+  EXPECT_EQ(r.findings[1].rule, "pageable_memcpy");
+  EXPECT_EQ(r.findings[1].severity, Severity::medium);
+  EXPECT_NEAR(r.findings[1].time_lost_ms, 4.990 - 33554432 / 10e9 * 1e3, 2e-3);  // 10 GB/s fallback
+  EXPECT_EQ(r.findings[2].rule, "low_occupancy");
+  EXPECT_NEAR(r.findings[2].time_lost_ms, 1.0 * (1 - 8.0 / 132), 1e-3);
+  EXPECT_EQ(r.findings[2].evidence["top_offenders"][0]["name"], "void gemm_kernel<float>(float const*, float*, int)");
+  EXPECT_NEAR(r.summary["span_ms"].get<double>(), 17.025, 1e-9);
+
+  std::ostringstream text;
+  print_report(text, r);
+  EXPECT_NE(text.str().find("1. [high] host_starved"), std::string::npos) << text.str();
+  const std::string html = report_html(read_chrome_trace(kKineto), r);
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  EXPECT_NE(html.find("pageable_memcpy"), std::string::npos);
+}
+
+// A trace with every record kind, at realistic absolute CUPTI timestamps.
+Trace every_kind(std::mt19937_64& rng) {
+  Synthetic s;
+  s.t.devices[1] = DeviceInfo{"other", 16, 4, 8};
+  std::uniform_int_distribution<int64_t> jitter(0, 999);
+  const double base_us = 1.7e12;  // ~2023 in ns since the epoch, as CUPTI gives
+  double t = base_us;
+  for (int i = 0; i < 40; ++i) {
+    t += 10 + jitter(rng) / 100.0;
+    Kernel& k = s.kernel(t, t + 5 + jitter(rng) / 1000.0, 1 + jitter(rng), 1 + int(jitter(rng)), "k" + std::to_string(i % 3));
+    k.block = {int(32 + jitter(rng) % 100), 2, 1};
+    k.registers = int(jitter(rng) % 255);
+    k.shared_memory = jitter(rng) * 64;
+    k.device = int(i % 2);
+    s.copy(i % 2 ? "cudaMemcpyAsync" : "cudaMemcpy", t + 1, t + 2, t + 3, 7.5, CopyKind(1 + i % 10),
+           MemoryKind(i % 8), MemoryKind((i + 3) % 8), jitter(rng) * 4096);
+  }
+  s.api("cuCtxSynchronize", t + 100, t + 200);
+  s.t.api_calls.back().driver = true;
+  s.t.api_calls.back().thread = 99;
+  Memset m;
+  m.correlation = s.api("cudaMemsetAsync", t + 300, t + 301);
+  m.start_ns = us(t + 305);
+  m.end_ns = us(t + 306.5);
+  m.dst = MemoryKind::managed;
+  m.bytes = 12345;
+  m.stream = 3;
+  s.t.memsets.push_back(m);
+  for (int i = 0; i < 6; ++i) s.um(UmKind(i), t + 400 + i, i, 0x7f0000000000ull + i * 4096, 65536 * i);
+  for (int i = 0; i < 5; ++i) {
+    NvmlSample x;
+    x.time_ns = us(t + 50 * i);
+    x.device = i % 2;
+    x.sm_util_percent = 10.0 * i;
+    x.mem_util_percent = 3;
+    x.pcie_rx_mbps = 1234.5;
+    x.pcie_tx_mbps = i == 2 ? -1 : 99;  // unknown stays unknown
+    x.power_w = 512.25;
+    x.sm_clock_mhz = 1980;
+    x.mem_clock_mhz = 2619;
+    s.t.samples.push_back(x);
+  }
+  s.t.dropped_records = 17;
+  s.t.um_counters_enabled = true;
+  s.t.source = "synthetic";
+  return s.t;
+}
+
+TEST(ChromeTrace, WriterOutputReadsBackEqual) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Trace a = every_kind(rng);
+  const Trace b = parse_chrome_trace(nlohmann::json::parse(chrome_trace_json(a)), "round trip");
+  ASSERT_EQ(b.kernels.size(), a.kernels.size());
+  for (size_t i = 0; i < a.kernels.size(); ++i) {
+    const Kernel &x = a.kernels[i], &y = b.kernels[i];
+    EXPECT_EQ(y.name, x.name);
+    EXPECT_EQ(y.start_ns, x.start_ns);
+    EXPECT_EQ(y.end_ns, x.end_ns);
+    EXPECT_EQ(y.device, x.device);
+    EXPECT_EQ(y.stream, x.stream);
+    EXPECT_EQ(y.correlation, x.correlation);
+    EXPECT_EQ(y.grid, x.grid);
+    EXPECT_EQ(y.block, x.block);
+    EXPECT_EQ(y.registers, x.registers);
+    EXPECT_EQ(y.shared_memory, x.shared_memory);
+  }
+  ASSERT_EQ(b.memcpys.size(), a.memcpys.size());
+  for (size_t i = 0; i < a.memcpys.size(); ++i) {
+    const Memcpy &x = a.memcpys[i], &y = b.memcpys[i];
+    EXPECT_EQ(y.kind, x.kind) << i;
+    EXPECT_EQ(y.src, x.src) << i;
+    EXPECT_EQ(y.dst, x.dst) << i;
+    EXPECT_EQ(y.bytes, x.bytes);
+    EXPECT_EQ(y.start_ns, x.start_ns);
+    EXPECT_EQ(y.end_ns, x.end_ns);
+    EXPECT_EQ(y.correlation, x.correlation);
+  }
+  ASSERT_EQ(b.memsets.size(), 1u);
+  EXPECT_EQ(b.memsets[0].dst, MemoryKind::managed);
+  EXPECT_EQ(b.memsets[0].bytes, 12345);
+  EXPECT_EQ(b.memsets[0].end_ns, a.memsets[0].end_ns);
+  ASSERT_EQ(b.api_calls.size(), a.api_calls.size());
+  for (size_t i = 0; i < a.api_calls.size(); ++i) {
+    EXPECT_EQ(b.api_calls[i].name, a.api_calls[i].name);
+    EXPECT_EQ(b.api_calls[i].start_ns, a.api_calls[i].start_ns);
+    EXPECT_EQ(b.api_calls[i].end_ns, a.api_calls[i].end_ns);
+    EXPECT_EQ(b.api_calls[i].thread, a.api_calls[i].thread);
+    EXPECT_EQ(b.api_calls[i].correlation, a.api_calls[i].correlation);
+    EXPECT_EQ(b.api_calls[i].driver, a.api_calls[i].driver);
+  }
+  ASSERT_EQ(b.um_events.size(), a.um_events.size());
+  for (size_t i = 0; i < a.um_events.size(); ++i) {
+    EXPECT_EQ(b.um_events[i].kind, a.um_events[i].kind);
+    EXPECT_EQ(b.um_events[i].start_ns, a.um_events[i].start_ns);
+    EXPECT_EQ(b.um_events[i].end_ns, a.um_events[i].end_ns);
+    EXPECT_EQ(b.um_events[i].address, a.um_events[i].address);
+    EXPECT_EQ(b.um_events[i].value, a.um_events[i].value);
+  }
+  ASSERT_EQ(b.samples.size(), a.samples.size());
+  for (size_t i = 0; i < a.samples.size(); ++i) {
+    EXPECT_EQ(b.samples[i].time_ns, a.samples[i].time_ns);
+    EXPECT_EQ(b.samples[i].device, a.samples[i].device);
+    EXPECT_EQ(b.samples[i].sm_util_percent, a.samples[i].sm_util_percent);
+    EXPECT_EQ(b.samples[i].pcie_tx_mbps, a.samples[i].pcie_tx_mbps);
+    EXPECT_EQ(b.samples[i].power_w, a.samples[i].power_w);
+    EXPECT_EQ(b.samples[i].mem_clock_mhz, a.samples[i].mem_clock_mhz);
+  }
+  ASSERT_EQ(b.devices.size(), 2u);
+  EXPECT_EQ(b.devices.at(0).sm_count, 132);
+  EXPECT_EQ(b.devices.at(0).pcie_generation, 5);
+  EXPECT_EQ(b.devices.at(1).pcie_width, 8);
+  EXPECT_EQ(b.dropped_records, 17);
+  EXPECT_TRUE(b.um_counters_enabled);
+
+  // Same findings either way.
+  auto ra = report_json(analyze(a)), rb = report_json(analyze(b));
+  ra["summary"].erase("source");
+  rb["summary"].erase("source");
+  EXPECT_EQ(ra, rb);
+}
+
+TEST(ChromeTrace, MalformedInputIsAClearInputError) {
+  EXPECT_NE(input_error([] { read_chrome_trace("/nonexistent/trace.json"); }).find("/nonexistent/trace.json"),
+            std::string::npos);
+  const fs::path truncated = temp_file("truncated.json", R"({"traceEvents": [{"ph": "X", "cat": "kernel")");
+  const std::string e1 = input_error([&] { read_chrome_trace(truncated); });
+  EXPECT_NE(e1.find(truncated.string()), std::string::npos) << e1;
+  EXPECT_NE(e1.find("not valid JSON"), std::string::npos) << e1;
+  fs::remove(truncated);
+  const fs::path no_events = temp_file("no_events.json", R"({"events": []})");
+  EXPECT_NE(input_error([&] { read_chrome_trace(no_events); }).find("traceEvents"), std::string::npos);
+  fs::remove(no_events);
+
+  const auto parse = [](const char* text) {
+    return input_error([&] { parse_chrome_trace(nlohmann::json::parse(text), "t.json"); });
+  };
+  EXPECT_NE(parse(R"({"traceEvents": [3]})").find("event 0 is not an object"), std::string::npos);
+  const std::string no_ts = parse(R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "dur": 1}]})");
+  EXPECT_NE(no_ts.find("t.json: trace event 0 (k): missing or non-numeric \"ts\""), std::string::npos) << no_ts;
+  EXPECT_NE(parse(R"({"traceEvents": [{"ph": "X", "cat": "gpu_memcpy", "name": "m", "ts": 1, "dur": "x"}]})").find("\"dur\""),
+            std::string::npos);
+  EXPECT_NE(parse(R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {"grid": 5}}]})")
+                .find("grid"),
+            std::string::npos);
+  EXPECT_NE(parse(R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {"stream": [1]}}]})")
+                .find("stream"),
+            std::string::npos);
+  EXPECT_NE(parse(R"({"traceEvents": [{"ph": "X", "cat": "gpulab_um", "name": "teleport", "ts": 1, "dur": 1}]})")
+                .find("unified-memory"),
+            std::string::npos);
+  // Fields of the wrong JSON type anywhere are input errors too, not internal ones.
+  EXPECT_NE(parse(R"({"gpulab": {"dropped_records": "none"}, "traceEvents": []})").find("t.json: malformed"),
+            std::string::npos);
+  EXPECT_NE(parse(R"({"deviceProperties": [{"id": 0, "numSms": "many"}], "traceEvents": []})").find("t.json: malformed"),
+            std::string::npos);
+  // Unknown categories and phases are skipped, not errors.
+  EXPECT_EQ(parse(R"({"traceEvents": [{"ph": "X", "cat": "python_function", "name": "f"}, {"ph": "B"}]})"), "");
+  // Older profilers' capitalised categories.
+  const Trace legacy = parse_chrome_trace(nlohmann::json::parse(R"json({"traceEvents": [
+      {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 1, "args": {"correlation": 4}},
+      {"ph": "X", "cat": "Kernel", "name": "k", "ts": 3, "dur": 2, "args": {"correlation": 4}},
+      {"ph": "X", "cat": "Memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 6, "dur": 2}]})json"), "legacy");
+  EXPECT_EQ(legacy.api_calls.size(), 1u);
+  EXPECT_EQ(legacy.kernels.size(), 1u);
+  ASSERT_EQ(legacy.memcpys.size(), 1u);
+  EXPECT_EQ(legacy.memcpys[0].dst, MemoryKind::pinned);
+  // A bare array is a valid Chrome trace too.
+  EXPECT_EQ(parse_chrome_trace(nlohmann::json::parse(R"([{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2}])"), "a")
+                .kernels.size(),
+            1u);
+}

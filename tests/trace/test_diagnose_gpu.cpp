@@ -1,0 +1,168 @@
+// `gpulab diagnose -- example_<rule>` on a real GPU: each example's planted pathology is the top
+// finding, the healthy example has nothing high, and the collected trace holds what ran.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/gpu.h"
+#include "trace/chrome_trace.h"
+#include "trace/run.h"
+
+using gpulab::trace::testing::run_command;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kGpulab = GPULAB_EXE;
+
+std::string example(const std::string& name) { return std::string(GPULAB_EXAMPLES_DIR) + "/example_" + name; }
+
+struct Diagnosis {
+  int exit_code;
+  std::string out;
+  json report;
+  gpulab::trace::Trace trace;
+};
+
+// Runs `gpulab diagnose [extra] -- command` in a fresh folder and reads back what it wrote.
+Diagnosis diagnose(const std::string& tag, const std::string& command, const std::string& extra = "") {
+  const fs::path dir = fs::temp_directory_path() / ("gpulab_diagnose_gpu_" + std::to_string(getpid()) + "_" + tag);
+  fs::remove_all(dir);
+  const auto r = run_command(kGpulab + " diagnose --out " + dir.string() + " --json " + (dir / "f.json").string() + " " +
+                             extra + " -- " + command);
+  Diagnosis d{r.exit_code, r.out, json(), {}};
+  if (fs::exists(dir / "f.json")) {
+    std::ifstream in(dir / "f.json");
+    d.report = json::parse(in);
+  }
+  if (fs::exists(dir / "trace.json")) d.trace = gpulab::trace::read_chrome_trace(dir / "trace.json");
+  fs::remove_all(dir);
+  return d;
+}
+
+std::string rules(const json& report) {
+  std::string s;
+  for (const auto& f : report["findings"])
+    s += f["rule"].get<std::string>() + "/" + f["severity"].get<std::string>() + "/" + f["time_lost_ms"].dump() + " ";
+  return s;
+}
+
+}  // namespace
+
+class DiagnoseExample : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DiagnoseExample, PlantedRuleIsTheTopFinding) {
+  GPULAB_REQUIRE_GPU();
+  const std::string rule = GetParam();
+  const Diagnosis d = diagnose(rule, example(rule));
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  ASSERT_TRUE(d.report.contains("findings")) << d.out;
+  ASSERT_FALSE(d.report["findings"].empty()) << d.out;
+  EXPECT_EQ(d.report["findings"][0]["rule"], rule) << rules(d.report) << "\n" << d.out;
+  EXPECT_NE(d.report["findings"][0]["severity"], "low") << rules(d.report);
+  EXPECT_EQ(d.report["summary"]["dropped_records"], 0);
+  EXPECT_GT(d.report["summary"]["nvml_samples"].get<int>(), 0) << "NVML sampler recorded nothing";
+  EXPECT_EQ(d.trace.kernels.size(), d.report["summary"]["kernels"].get<size_t>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, DiagnoseExample,
+                         ::testing::Values("launch_bound", "pageable_memcpy", "sync_api", "host_starved",
+                                           "um_thrashing", "pcie_saturation"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(DiagnoseExamples, HealthyHasNothingHigh) {
+  GPULAB_REQUIRE_GPU();
+  const Diagnosis d = diagnose("healthy", example("healthy"));
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  for (const auto& f : d.report["findings"]) EXPECT_NE(f["severity"], "high") << rules(d.report);
+  EXPECT_GT(d.report["summary"]["gpu_busy_percent"].get<double>(), 95.0) << d.out;
+  EXPECT_EQ(d.report["summary"]["kernels"], 100);
+}
+
+TEST(DiagnoseExamples, TraceHoldsKernelsLaunchesAndDevice) {
+  GPULAB_REQUIRE_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const Diagnosis d = diagnose("launch_trace", example("launch_bound"));
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  const auto& t = d.trace;
+  ASSERT_EQ(t.kernels.size(), 20000u);
+  // CUPTI documents the kernel's correlation id as the runtime's or the driver's launch call.
+  std::map<int64_t, const gpulab::trace::ApiCall*> launches;
+  int runtime_launches = 0;
+  for (const auto& c : t.api_calls) {
+    if (c.name.find("LaunchKernel") != std::string::npos) launches[c.correlation] = &c;
+    runtime_launches += c.name == "cudaLaunchKernel";
+  }
+  EXPECT_EQ(runtime_launches, 20000);
+  for (const auto& k : t.kernels) {
+    ASSERT_NE(k.name.find("axpy"), std::string::npos) << k.name;  // demangled: "axpy(int, float, ...)"
+    ASSERT_EQ(k.grid[0], 2 * sms);
+    ASSERT_EQ(k.block[0], 256);
+    ASSERT_GT(k.end_ns, k.start_ns);
+    const auto l = launches.find(k.correlation);
+    ASSERT_NE(l, launches.end()) << "kernel without its launch, correlation " << k.correlation;
+    ASSERT_LE(l->second->start_ns, k.start_ns);
+  }
+  ASSERT_EQ(t.devices.count(0), 1u);
+  EXPECT_EQ(t.devices.at(0).sm_count, sms);
+  EXPECT_GT(t.devices.at(0).pcie_gbps(), 0) << "NVML gave no PCIe link";
+  EXPECT_FALSE(t.samples.empty());
+}
+
+TEST(DiagnoseExamples, CopiesCarryMemoryKinds) {
+  GPULAB_REQUIRE_GPU();
+  const Diagnosis d = diagnose("pageable_trace", example("pageable_memcpy"));
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  // CUPTI may report a staged copy as one record or as chunks: count bytes per direction.
+  int64_t h2d = 0, d2h = 0;
+  for (const auto& m : d.trace.memcpys) {
+    if (m.kind == gpulab::trace::CopyKind::htod) {
+      h2d += m.bytes;
+      EXPECT_EQ(m.src, gpulab::trace::MemoryKind::pageable);
+      EXPECT_EQ(m.dst, gpulab::trace::MemoryKind::device);
+    } else if (m.kind == gpulab::trace::CopyKind::dtoh) {
+      d2h += m.bytes;
+      EXPECT_EQ(m.src, gpulab::trace::MemoryKind::device);
+      EXPECT_EQ(m.dst, gpulab::trace::MemoryKind::pageable);
+    }
+  }
+  EXPECT_EQ(h2d, 30ll << 26);
+  EXPECT_EQ(d2h, 30ll << 26);
+}
+
+TEST(DiagnoseExamples, UnifiedMemoryCountersRecordMigrations) {
+  GPULAB_REQUIRE_GPU();
+  const Diagnosis d = diagnose("um_trace", example("um_thrashing"));
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  ASSERT_TRUE(d.trace.um_counters_enabled) << "CUPTI refused unified-memory counters on this system";
+  int64_t htod = 0, dtoh = 0;
+  for (const auto& e : d.trace.um_events) {
+    if (e.kind == gpulab::trace::UmKind::htod_migration) htod += e.value;
+    if (e.kind == gpulab::trace::UmKind::dtoh_migration) dtoh += e.value;
+  }
+  // Each of the 20 steps moves the 64 MiB to the GPU; the host pulls back at least one page per 4 KiB.
+  EXPECT_GE(htod, 10ll * (64 << 20)) << htod;
+  EXPECT_GT(dtoh, 0);
+}
+
+TEST(DiagnoseExamples, ExitCodePassesThrough) {
+  GPULAB_REQUIRE_GPU();
+  const Diagnosis d = diagnose("exit", "/bin/sh -c '" + example("healthy") + " && exit 3'");
+  EXPECT_EQ(d.exit_code, 3) << d.out;
+  EXPECT_EQ(d.report["summary"]["kernels"], 100) << d.out;  // the child of the shell was traced
+}
+
+TEST(DiagnoseExamples, DurationStopsTracingEarly) {
+  GPULAB_REQUIRE_GPU();
+  const Diagnosis d = diagnose("duration", example("healthy"), "--duration 0.45");  // kernels alone take 0.5 s
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  const size_t kernels = d.report["summary"]["kernels"].get<size_t>();
+  EXPECT_GT(kernels, 0u) << d.out;
+  EXPECT_LT(kernels, 100u) << d.out;
+}
