@@ -274,9 +274,9 @@ TEST(Cli, DatasetMakeThenScanCatchesPlantedCorruptFile) {
   const CliRun clean = run("dataset scan --strict --json " + dir.string());
   ASSERT_EQ(clean.exit_code, 0) << clean.out;
   const auto j = nlohmann::json::parse(clean.out);
-  EXPECT_EQ(j["splits"][0]["images"], 12);
-  EXPECT_EQ(j["splits"][1]["images"], 3);
-  EXPECT_EQ(j["decode"]["images"], 15);
+  EXPECT_EQ(j["splits"][0]["images"].get<int>(), 12);
+  EXPECT_EQ(j["splits"][1]["images"].get<int>(), 3);
+  EXPECT_EQ(j["decode"]["images"].get<int>(), 15);
   EXPECT_TRUE(j["corrupt"].empty());
   const fs::path victim = dir / "val" / "c0001_red_square" / "img_000000.JPEG";
   fs::resize_file(victim, 200);
