@@ -19,6 +19,7 @@ void add_tokenize_command(CLI::App& app, Runner& run);
 void add_serve_command(CLI::App& app, Runner& run);
 void add_diagnose_command(CLI::App& app, Runner& run);
 void add_dataset_command(CLI::App& app, Runner& run);
+void add_train_command(CLI::App& app, Runner& run);
 
 // A command that is designed but not built yet: listed in --help, exits 2 saying so.
 void add_planned_command(CLI::App& app, Runner& run, const std::string& name,

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   cli::add_info_command(app, run);
   cli::add_inspect_command(app, run);
   cli::add_bench_command(app, run);
-  cli::add_planned_command(app, run, "train", "ResNet-50 v1.5 training (synthetic or ImageNet folder)");
+  cli::add_train_command(app, run);
   cli::add_generate_command(app, run);
   cli::add_serve_command(app, run);
   cli::add_logits_command(app, run);

@@ -15,7 +15,7 @@ Loader::Loader(ImageFolder folder, LoaderOptions opt) : folder_(std::move(folder
   if (folder_.samples.empty()) throw core::InputError(folder_.root.string() + ": no images to load");
   if (opt_.batch < 1 || opt_.threads < 1 || opt_.prefetch < 1) throw core::InputError("loader: batch, threads and prefetch must be positive");
   const int64_t n = int64_t(folder_.samples.size());
-  batches_per_epoch_ = std::max<int64_t>(1, n / opt_.batch);
+  batches_per_epoch_ = opt_.train ? std::max<int64_t>(1, n / opt_.batch) : (n + opt_.batch - 1) / opt_.batch;
   image_bytes_ = size_t(opt_.augment.size) * opt_.augment.size * 3 * core::dtype_size(opt_.augment.out);
   slots_.resize(opt_.prefetch + 1);
   done_.assign(slots_.size(), 0);

@@ -46,7 +46,8 @@ class Loader {
 
   // The next batch; valid until the following call. Rethrows a worker's failure.
   const Batch& next();
-  // Full batches per epoch: the order wraps within an epoch to fill the last one.
+  // Batches per epoch. train: full batches only (floor); eval: every image once (ceil), the
+  // last batch filled up by wrapping to the epoch's first images, which the caller ignores.
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t skipped_total() const;
   std::vector<std::string> corrupt_files() const;

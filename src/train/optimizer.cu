@@ -46,13 +46,13 @@ __device__ Control control(const LossScaleState* s) {
 }
 
 struct Range {
-  const TensorDesc& t;
+  TensorDesc t;  // a copy in registers: the loops below write floats the compiler cannot rule out as aliases
   int64_t begin, end;
 };
 
 __device__ Range chunk_range(const TensorDesc* tensors, const Chunk* chunks) {
   const Chunk c = chunks[blockIdx.x];
-  const TensorDesc& t = tensors[c.tensor];
+  const TensorDesc t = tensors[c.tensor];
   const int64_t begin = int64_t(c.index) * kChunk;
   return {t, begin, min(begin + kChunk, t.count)};
 }

@@ -207,6 +207,11 @@ struct ResNet::Impl {
 
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
+  // The persistent kernels are documented for fp32 and fp16 (NHWC: no overflow caveat); bf16
+  // keeps the general path. Both keep the same statistics, so inference uses SPATIAL.
+  cudnnBatchNormMode_t bn_mode() const {
+    return opt.dtype == core::DType::bf16 ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+  }
 };
 
 ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net)), specs(resnet_params(layout)) {
@@ -283,12 +288,14 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
     B.dy = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
     B.d_sum = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
     last.d_out = B.d_sum.get();  // the last conv's BN output gradient is the masked sum gradient
+    last.d_out_own.reset();
     if (B.shortcut >= 0) {
       ConvLayer& S = convs[B.shortcut];
       S.in = in;
       S.d_in = d_in;
       build_conv(S, h, w);
       S.d_out = B.d_sum.get();
+      S.d_out_own.reset();
     }
     in = B.y.get();
     d_in = B.dy.get();
@@ -307,7 +314,8 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
   for (const auto& L : convs) {
     size_t a = 0, b = 0, c = 0;
     GPULAB_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, L.fwd, &a));
-    GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, L.bwd_data, &b));
+    if (L.d_in)
+      GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, L.bwd_data, &b));
     GPULAB_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc, L.bwd_filter, &c));
     ws = std::max({ws, a, b, c});
   }
@@ -363,7 +371,9 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnSetConvolution2dDescriptor(L.conv_desc, s.pad, s.pad, s.stride, s.stride, 1, 1,
                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   const bool strict = opt.dtype == core::DType::f32 && opt.math == core::MathMode::strict_fp32;
-  GPULAB_CHECK(cudnnSetConvolutionMathType(L.conv_desc, strict ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+  // FMA: no tensor cores at all; DEFAULT allows TF32 for fp32 data; TENSOR_OP for fp16/bf16.
+  const cudnnMathType_t math = strict ? CUDNN_FMA_MATH : opt.dtype == core::DType::f32 ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
+  GPULAB_CHECK(cudnnSetConvolutionMathType(L.conv_desc, math));
   int n, c, h, w;
   GPULAB_CHECK(cudnnGetConvolution2dForwardOutputDim(L.conv_desc, L.x_desc, L.w_desc, &n, &c, &h, &w));
   L.out_h = h, L.out_w = w;
@@ -379,9 +389,11 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc,
                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
   L.fwd = pick(fwd, got, opt.workspace_limit, strict, "forward");
-  GPULAB_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc,
-                                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data));
-  L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, "backward-data");
+  if (L.d_in) {  // the stem needs no input gradient
+    GPULAB_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc,
+                                                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data));
+    L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, "backward-data");
+  }
   GPULAB_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc,
                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter));
   L.bwd_filter = pick(bwd_filter, got, opt.workspace_limit, strict, "backward-filter");
@@ -403,7 +415,7 @@ void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
                                        workspace.get(), workspace.bytes(), &zero, L.y_desc, L.conv_out.get()));
   if (training) {
     GPULAB_CHECK(cudnnBatchNormalizationForwardTraining(
-        cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, L.y_desc, L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc,
+        cudnn, bn_mode(), &one, &zero, L.y_desc, L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc,
         L.gamma, L.beta, kBnMomentum, L.run_mean.get(), L.run_var.get(), kBnEpsilon, L.save_mean.get(),
         L.save_inv_var.get()));
   } else {
@@ -433,7 +445,7 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
   // The gradient of the conv output goes into `out`: once the ReLU mask is applied nothing reads
   // this layer's output again (the next layer, its only reader, has already run backward).
   void* d_conv = L.out.get();
-  GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &param_beta,
+  GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, bn_mode(), &one, &zero, &one, &param_beta,
                                                L.y_desc, L.conv_out.get(), L.y_desc, L.d_out, L.y_desc, d_conv,
                                                L.bn_desc, L.gamma, L.dgamma, L.dbeta, kBnEpsilon, L.save_mean.get(),
                                                L.save_inv_var.get()));
@@ -543,22 +555,31 @@ void ResNet::backward(const int32_t* labels, float loss_weight, bool accumulate,
   m.conv_backward(stem, accumulate, 0.f, s);
 }
 
-float ResNet::last_loss(cudaStream_t s) const {
+float ResNet::last_loss(cudaStream_t s, int rows) const {
   std::vector<float> h(size_t(impl_->opt.batch));
   GPULAB_CHECK(cudaMemcpyAsync(h.data(), impl_->row_loss.get(), impl_->row_loss.bytes(), cudaMemcpyDeviceToHost, s));
   GPULAB_CHECK(cudaStreamSynchronize(s));
+  if (rows < 0 || rows > int(h.size())) rows = int(h.size());
   double sum = 0;
-  for (float v : h) sum += v;
-  return float(sum / double(h.size()));
+  for (int i = 0; i < rows; ++i) sum += h[size_t(i)];
+  return float(sum / double(std::max(rows, 1)));
 }
 
-int ResNet::last_correct(cudaStream_t s) const {
+int ResNet::last_correct(cudaStream_t s, int rows) const {
   std::vector<int> h(size_t(impl_->opt.batch));
   GPULAB_CHECK(cudaMemcpyAsync(h.data(), impl_->row_correct.get(), impl_->row_correct.bytes(), cudaMemcpyDeviceToHost, s));
   GPULAB_CHECK(cudaStreamSynchronize(s));
+  if (rows < 0 || rows > int(h.size())) rows = int(h.size());
   int n = 0;
-  for (int v : h) n += v;
+  for (int i = 0; i < rows; ++i) n += h[size_t(i)];
   return n;
+}
+
+void ResNet::score(const int32_t* labels, cudaStream_t s) {
+  Impl& m = *impl_;
+  loss_kernel<<<m.opt.batch, kThreads, 0, s>>>(m.logits.get(), labels, m.layout.classes, m.opt.label_smoothing, 0.f,
+                                               nullptr, m.dlogits.get(), m.row_loss.get(), m.row_correct.get());
+  GPULAB_CHECK_LAUNCH();
 }
 
 const float* ResNet::logits() const { return impl_->logits.get(); }

@@ -43,9 +43,13 @@ class ResNet {
   void backward(const int32_t* labels, float loss_weight, bool accumulate, const LossScaleState* scaler,
                 cudaStream_t stream);
 
-  // After backward: mean loss and correct top-1 count of the batch (synchronizes the stream).
-  float last_loss(cudaStream_t stream) const;
-  int last_correct(cudaStream_t stream) const;
+  // Loss and top-1 hits of the last forward, without gradients (evaluation).
+  void score(const int32_t* labels, cudaStream_t stream);
+
+  // After backward or score: mean loss and correct top-1 count over the first `rows` rows (all
+  // when negative) of the batch (synchronizes the stream).
+  float last_loss(cudaStream_t stream, int rows = -1) const;
+  int last_correct(cudaStream_t stream, int rows = -1) const;
   const float* logits() const;  // device, batch x classes, fp32 (after forward)
 
   float* params();  // fp32 masters, packed in resnet_params() order

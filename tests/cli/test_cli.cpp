@@ -277,9 +277,9 @@ TEST(Cli, DatasetMakeThenScanCatchesPlantedCorruptFile) {
   const CliRun clean = run("dataset scan --strict --json " + dir.string());
   ASSERT_EQ(clean.exit_code, 0) << clean.out;
   const auto j = nlohmann::json::parse(clean.out);
-  EXPECT_EQ(j["splits"][0]["images"], 12);
-  EXPECT_EQ(j["splits"][1]["images"], 3);
-  EXPECT_EQ(j["decode"]["images"], 15);
+  EXPECT_EQ(j["splits"][0]["images"].get<int>(), 12);
+  EXPECT_EQ(j["splits"][1]["images"].get<int>(), 3);
+  EXPECT_EQ(j["decode"]["images"].get<int>(), 15);
   EXPECT_TRUE(j["corrupt"].empty());
   const fs::path victim = dir / "val" / "c0001_red_square" / "img_000000.JPEG";
   fs::resize_file(victim, 200);
@@ -340,4 +340,19 @@ TEST(Cli, GenerateCudaBatchOfCopiesAgrees) {
                        "/llama_tiny --ids 1,2,3 --max-tokens 8 --ignore-eos --batch 3 --json --gpu-memory-fraction 0.3");
   ASSERT_EQ(d.exit_code, 0) << d.out;
   EXPECT_EQ(nlohmann::json::parse(d.out)["generated_tokens"], 24);
+}
+
+TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
+  EXPECT_EQ(run("train --steps 1").exit_code, 2);  // neither --data nor --synthetic
+  EXPECT_EQ(run("train --data /nonexistent/gpulab --steps 1").exit_code, 2);
+  EXPECT_EQ(run("train --synthetic --precision fp8").exit_code, 2);
+  EXPECT_EQ(run("train --synthetic --data /tmp").exit_code, 2);
+  EXPECT_EQ(run("train --synthetic --eval --steps 1").exit_code, 2);
+  const fs::path empty = fs::temp_directory_path() / ("gpulab_cli_empty_" + std::to_string(::getpid()));
+  fs::create_directories(empty / "classA");
+  const CliRun r = run("train --data " + empty.string() + " --steps 1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("no .JPEG"), std::string::npos) << r.out;
+  fs::remove_all(empty);
+  if (!gpulab::core::why_no_device().empty()) EXPECT_EQ(run("train --synthetic --steps 1").exit_code, 3);
 }

@@ -204,3 +204,29 @@ TEST(Loader, AllCorruptIsAnErrorNotAHang) {
   Loader loader(scan_image_folder(t.path), opt);
   EXPECT_THROW(loader.next(), gpulab::core::InputError);
 }
+
+TEST(Loader, EvalModeVisitsEveryImageOnceInFileOrder) {
+  TempDir t("loader_eval");
+  make_dataset(t.path, small_options());  // 4 classes x 6 train images
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  LoaderOptions opt;
+  opt.batch = 5;
+  opt.threads = 3;
+  opt.train = false;
+  opt.augment.size = 8;
+  Loader loader(folder, opt);
+  ASSERT_EQ(loader.batches_per_epoch(), 5);  // ceil(24 / 5)
+  std::vector<int32_t> labels;
+  for (int b = 0; b < 5; ++b) {
+    const Batch& batch = loader.next();
+    labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
+  }
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(labels[i], i / 6) << i;
+  EXPECT_EQ(labels[24], 0);  // the last batch wraps to the first image
+  // The eval transform is deterministic: the first image equals augment_eval of the file.
+  Loader again(folder, opt);
+  const Batch& b = again.next();
+  std::vector<float> want(8 * 8 * 3);
+  augment_eval(read_jpeg(folder.samples[0].path), opt.augment, want.data());
+  EXPECT_EQ(0, std::memcmp(b.images.data(), want.data(), want.size() * 4));
+}

@@ -1,0 +1,118 @@
+// gpulab train: ResNet-N v1.5 training on synthetic data or an ImageNet-layout folder.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli/command.h"
+#include "cli/table.h"
+#include "core/progress.h"
+#include "core/result.h"
+#include "train/trainer.h"
+
+namespace gpulab::cli {
+
+namespace {
+
+struct TrainCli {
+  train::TrainOptions opt;
+  bool synthetic = false;
+  std::string optimizer = "sgd";
+  std::string schedule = "cosine";
+  std::optional<float> weight_decay;
+  std::string json_path;
+};
+
+int run_train(TrainCli& c) {
+  train::TrainOptions& o = c.opt;
+  if (o.data.empty() && !c.synthetic) throw core::InputError("give --data DIR (ImageNet layout) or --synthetic");
+  o.optimizer.kind = train::optimizer_from_name(c.optimizer);
+  o.schedule.kind = train::schedule_from_name(c.schedule);
+  // Defaults of the usual recipes: torchvision SGD 1e-4, MLPerf LARS 5e-5, LAMB 0.01.
+  o.optimizer.weight_decay = c.weight_decay.value_or(o.optimizer.kind == train::OptimizerKind::sgd    ? 1e-4f
+                                                     : o.optimizer.kind == train::OptimizerKind::lars ? 5e-5f
+                                                                                                     : 0.01f);
+  if (o.schedule.kind == train::ScheduleKind::step && o.schedule.milestones.empty())
+    o.schedule.milestones = {o.steps * 30 / 90, o.steps * 60 / 90, o.steps * 80 / 90};  // torchvision's epochs 30/60/80 of 90
+
+  std::unique_ptr<core::ProgressBar> bar;
+  const train::TrainReport r = train::run_training(o, [&](const train::StepReport& s) {
+    if (!bar) bar = std::make_unique<core::ProgressBar>("train", uint64_t(o.steps));
+    char suffix[160];
+    std::snprintf(suffix, sizeof suffix, "%.0f img/s  loss %.4f  lr %.4g%s", s.images_per_second, s.loss, s.lr,
+                  o.precision == "fp16" ? ("  scale " + std::to_string(int64_t(s.loss_scale))).c_str() : "");
+    bar->set_suffix(suffix);
+    bar->set(uint64_t(s.step + 1));
+  });
+  bar.reset();
+
+  const std::string name = "resnet" + std::to_string(o.depth) + "_" + o.precision + "_b" + std::to_string(o.batch) +
+                           (o.data.empty() ? "_synthetic" : "_folder");
+  std::cout << "ResNet-" << o.depth << " v1.5, " << human_count(uint64_t(r.params)) << " parameters, " << r.classes
+            << " classes, " << o.precision << ", batch " << o.batch << " x " << o.accum << ", " << c.optimizer << ", "
+            << o.steps << " steps on " << (o.data.empty() ? "synthetic data" : o.data) << "\n"
+            << "throughput " << format_double(r.images_per_second, 1) << " img/s (" << r.timed_images << " images in "
+            << format_double(r.timed_seconds, 2) << " s, after " << o.warmup_steps_untimed << " untimed steps)\n"
+            << "loss " << format_double(r.first_loss, 4) << " -> " << format_double(r.last_loss, 4) << "\n";
+  if (o.precision == "fp16") std::cout << "loss scaler skipped " << r.skipped_steps << " steps\n";
+  if (r.val_images)
+    std::cout << "validation: top-1 " << format_double(100 * r.val_top1, 2) << "% of " << r.val_images
+              << " images, loss " << format_double(r.val_loss, 4) << "\n";
+  if (r.corrupt_skipped)
+    std::cout << r.corrupt_skipped << " corrupt images skipped (" << r.corrupt_files.size() << " files)\n";
+
+  if (!c.json_path.empty()) {
+    core::ResultLog log(core::stamp_gpu(0));
+    nlohmann::json params = {{"depth", o.depth}, {"precision", o.precision}, {"batch", o.batch}, {"accum", o.accum},
+                             {"optimizer", c.optimizer}, {"schedule", c.schedule}, {"lr", o.schedule.base},
+                             {"steps", o.steps}, {"image_size", o.image_size}, {"classes", r.classes},
+                             {"data", o.data.empty() ? "synthetic" : o.data}, {"first_loss", r.first_loss},
+                             {"last_loss", r.last_loss}, {"skipped_steps", r.skipped_steps},
+                             {"corrupt_skipped", r.corrupt_skipped}, {"timed_images", r.timed_images},
+                             {"timed_seconds", r.timed_seconds}};
+    if (r.val_images) params["val"] = {{"images", r.val_images}, {"top1", r.val_top1}, {"loss", r.val_loss}};
+    core::Result res{"train", name, "throughput", r.images_per_second, "img/s", std::nullopt, params};
+    log.add(res);
+    log.write(c.json_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, Runner& run) {
+  auto c = std::make_shared<TrainCli>();
+  auto& o = c->opt;
+  auto* sub = app.add_subcommand("train", "ResNet-50 v1.5 training (synthetic or ImageNet folder)");
+  auto* data = sub->add_option("--data", o.data, "ImageNet-layout folder (DIR/train/<class>/*.JPEG or DIR/<class>/*.JPEG)");
+  sub->add_flag("--synthetic", c->synthetic, "A fixed random batch on the GPU: no input pipeline")->excludes(data);
+  sub->add_option("--precision", o.precision, "fp32 (TF32 off), tf32, fp16 (dynamic loss scaling), bf16")
+      ->check(CLI::IsMember({"fp32", "tf32", "fp16", "bf16"}))
+      ->capture_default_str();
+  sub->add_option("--depth", o.depth, "ResNet depth")->check(CLI::IsMember({18, 34, 50, 101, 152}))->capture_default_str();
+  sub->add_option("--classes", o.classes, "Classes for --synthetic")->capture_default_str();
+  sub->add_option("--image-size", o.image_size, "Training crop size")->capture_default_str();
+  sub->add_option("--batch", o.batch, "Images per micro-batch")->capture_default_str();
+  sub->add_option("--accum", o.accum, "Micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
+  sub->add_option("--steps", o.steps, "Optimizer steps")->capture_default_str();
+  sub->add_option("--optimizer", c->optimizer, "sgd, lars or lamb")->check(CLI::IsMember({"sgd", "lars", "lamb"}))->capture_default_str();
+  sub->add_option("--lr", o.schedule.base, "Peak learning rate")->capture_default_str();
+  sub->add_option("--lr-end", o.schedule.end, "Final learning rate (cosine, poly)")->capture_default_str();
+  sub->add_option("--schedule", c->schedule, "cosine, poly or step (x0.1 at 30/60/80 of 90)")
+      ->check(CLI::IsMember({"cosine", "poly", "step"}))
+      ->capture_default_str();
+  sub->add_option("--warmup", o.schedule.warmup, "Linear warmup steps")->capture_default_str();
+  sub->add_option("--momentum", o.optimizer.momentum, "Momentum (sgd, lars)")->capture_default_str();
+  sub->add_flag("--nesterov", o.optimizer.nesterov, "Nesterov momentum (sgd, lars)");
+  sub->add_option("--weight-decay", c->weight_decay, "Weight decay, never on BN or bias (default: sgd 1e-4, lars 5e-5, lamb 0.01)");
+  sub->add_option("--label-smoothing", o.label_smoothing, "Label smoothing")->capture_default_str();
+  sub->add_option("--threads", o.loader_threads, "CPU decode/augment threads for --data")->capture_default_str();
+  sub->add_option("--seed", o.seed, "Seed for weights, data order and augmentation")->capture_default_str();
+  sub->add_flag("--eval", o.eval, "After training, top-1 on DIR/val (eval transform: resize, center crop)");
+  sub->add_option("--json", c->json_path, "Write the result (img/s, losses, settings) as JSON");
+  sub->footer("Examples:\n  gpulab train --synthetic --precision fp16 --batch 256 --steps 100\n"
+              "  gpulab dataset make /tmp/shapes --classes 12 --images 200 && \\\n"
+              "  gpulab train --data /tmp/shapes --depth 18 --image-size 64 --batch 64 --steps 300 --lr 0.2 --warmup 20 --eval");
+  sub->callback([&run, c] { run = [c] { return run_train(*c); }; });
+}
+
+}  // namespace gpulab::cli

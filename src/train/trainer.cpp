@@ -1,0 +1,212 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "data/folder.h"
+#include "data/loader.h"
+#include "data/rng.h"
+
+namespace gpulab::train {
+
+namespace {
+
+struct Precision {
+  core::DType dtype;
+  core::MathMode math;
+  bool loss_scaling;
+};
+
+Precision precision_from_name(const std::string& p) {
+  if (p == "fp32") return {core::DType::f32, core::MathMode::strict_fp32, false};
+  if (p == "tf32") return {core::DType::f32, core::MathMode::tf32, false};
+  if (p == "fp16") return {core::DType::f16, core::MathMode::strict_fp32, true};
+  if (p == "bf16") return {core::DType::bf16, core::MathMode::strict_fp32, false};
+  throw core::InputError("unknown precision '" + p + "' (fp32, tf32, fp16 or bf16)");
+}
+
+// A fixed random batch in the model's dtype: the GPU's speed without any input pipeline.
+void fill_synthetic(const ModelOptions& m, void* images, int32_t* labels, uint64_t seed) {
+  const size_t n = size_t(m.batch) * m.image_size * m.image_size * 3;
+  data::Rng rng(seed);
+  std::vector<uint16_t> half(n);
+  std::vector<float> full(m.dtype == core::DType::f32 ? n : 0);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = float(rng.uniform(-2.0, 2.0));
+    if (m.dtype == core::DType::f32) full[i] = v;
+    else half[i] = m.dtype == core::DType::f16 ? core::float_to_f16_bits(v) : core::float_to_bf16_bits(v);
+  }
+  GPULAB_CHECK(cudaMemcpy(images, m.dtype == core::DType::f32 ? static_cast<const void*>(full.data()) : half.data(),
+                          n * core::dtype_size(m.dtype), cudaMemcpyHostToDevice));
+  std::vector<int32_t> l(size_t(m.batch));
+  for (auto& v : l) v = int32_t(rng.randint(0, m.net.classes));
+  GPULAB_CHECK(cudaMemcpy(labels, l.data(), l.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+}
+
+// Top-1 and loss on DIR/val with the eval transform, every image once.
+void evaluate(const TrainOptions& opt, core::DType dtype, ResNet& net, void* images, int32_t* labels,
+              cudaStream_t stream, TrainReport& report) {
+  const std::filesystem::path val = std::filesystem::path(opt.data) / "val";
+  data::ImageFolder folder = data::scan_image_folder(val);
+  if (int(folder.classes.size()) != report.classes)
+    throw core::InputError(val.string() + ": " + std::to_string(folder.classes.size()) + " classes, but train has " +
+                           std::to_string(report.classes));
+  const int64_t n = int64_t(folder.samples.size());
+  data::LoaderOptions lo;
+  lo.batch = opt.batch;
+  lo.threads = opt.loader_threads;
+  lo.train = false;
+  lo.augment.size = opt.image_size;
+  lo.augment.out = dtype;
+  data::Loader loader(std::move(folder), lo);
+  const size_t image_bytes = size_t(opt.batch) * opt.image_size * opt.image_size * 3 * core::dtype_size(dtype);
+  int64_t correct = 0;
+  double loss_sum = 0;
+  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+    const data::Batch& batch = loader.next();
+    GPULAB_CHECK(cudaMemcpyAsync(images, batch.images.data(), image_bytes, cudaMemcpyHostToDevice, stream));
+    GPULAB_CHECK(cudaMemcpyAsync(labels, batch.labels.data(), batch.labels.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream));
+    net.forward(images, false, stream);
+    net.score(labels, stream);
+    const int rows = int(std::min<int64_t>(opt.batch, n - b * opt.batch));  // the rest wrapped around
+    correct += net.last_correct(stream, rows);
+    loss_sum += double(net.last_loss(stream, rows)) * rows;
+  }
+  report.val_images = n;
+  report.val_top1 = double(correct) / double(n);
+  report.val_loss = loss_sum / double(n);
+}
+
+}  // namespace
+
+TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step) {
+  const Precision prec = precision_from_name(opt.precision);
+  if (opt.batch < 1 || opt.accum < 1 || opt.steps < 1) throw core::InputError("--batch, --accum and --steps must be positive");
+
+  if (opt.eval && (opt.data.empty() || !std::filesystem::is_directory(std::filesystem::path(opt.data) / "val")))
+    throw core::InputError("--eval needs --data DIR with a DIR/val/<class>/*.JPEG folder");
+  std::optional<data::Loader> loader;
+  int classes = opt.classes;
+  if (!opt.data.empty()) {
+    data::ImageFolder folder = data::scan_image_folder(data::train_split(opt.data));
+    classes = int(folder.classes.size());
+    data::LoaderOptions lo;
+    lo.batch = opt.batch;
+    lo.threads = opt.loader_threads;
+    lo.seed = opt.seed;
+    lo.augment.size = opt.image_size;
+    lo.augment.out = prec.dtype;
+    loader.emplace(std::move(folder), lo);
+  }
+
+  if (const std::string why = core::why_no_device(); !why.empty()) throw core::NoDeviceError("training needs a CUDA device: " + why);
+
+  ModelOptions mo;
+  mo.net = {opt.depth, classes, 64, false};
+  mo.batch = opt.batch;
+  mo.image_size = opt.image_size;
+  mo.dtype = prec.dtype;
+  mo.math = prec.math;
+  mo.seed = opt.seed;
+  mo.label_smoothing = opt.label_smoothing;
+  core::Stream stream;
+  ResNet net(mo);
+  Optimizer optimizer(opt.optimizer, net.optimizer_params(), prec.dtype);
+  std::unique_ptr<LossScaler> scaler;
+  if (prec.loss_scaling) {
+    scaler = std::make_unique<LossScaler>();
+    scaler->watch(net.gradient_views());
+  }
+  const LossScaleState* scale_state = scaler ? scaler->device_state() : nullptr;
+  LrSchedule schedule = opt.schedule;
+  schedule.total = opt.steps;
+
+  const size_t image_bytes = size_t(opt.batch) * opt.image_size * opt.image_size * 3 * core::dtype_size(prec.dtype);
+  core::DeviceBuffer<std::byte> images(image_bytes);
+  core::DeviceBuffer<int32_t> labels(size_t(opt.batch));
+  if (!loader) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1);
+
+  // The loader's batch buffers are few and fixed: page-lock each once so copies run at full speed.
+  std::vector<const void*> pinned;
+  auto pin = [&](const void* p, size_t bytes) {
+    if (std::find(pinned.begin(), pinned.end(), p) != pinned.end()) return;
+    GPULAB_CHECK(cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterDefault));
+    pinned.push_back(p);
+  };
+  struct Unpin {
+    std::vector<const void*>& p;
+    ~Unpin() {
+      for (const void* q : p) GPULAB_CHECK_NOTHROW(cudaHostUnregister(const_cast<void*>(q)));
+    }
+  } unpin{pinned};
+  core::Event copied(cudaEventDisableTiming);
+  copied.record(stream);
+
+  TrainReport report;
+  report.params = net.param_count();
+  report.classes = classes;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point timed_start;
+  const int64_t untimed = std::min<int64_t>(opt.warmup_steps_untimed, opt.steps - 1);
+  for (int64_t step = 0; step < opt.steps; ++step) {
+    if (step == untimed) {
+      stream.synchronize();
+      timed_start = Clock::now();
+    }
+    for (int micro = 0; micro < opt.accum; ++micro) {
+      if (loader) {
+        copied.synchronize();  // the loader reuses the previous batch's memory in next()
+        const data::Batch& b = loader->next();
+        pin(b.images.data(), image_bytes);
+        GPULAB_CHECK(cudaMemcpyAsync(images.get(), b.images.data(), image_bytes, cudaMemcpyHostToDevice, stream));
+        GPULAB_CHECK(cudaMemcpyAsync(labels.get(), b.labels.data(), b.labels.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, stream));
+        copied.record(stream);
+      }
+      net.forward(images.get(), true, stream);
+      net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
+    }
+    if (scaler) scaler->check_gradients(stream);
+    const double lr = schedule.at(step);
+    optimizer.step(float(lr), scale_state, stream);
+    StepReport r;
+    r.step = step;
+    r.lr = lr;
+    r.loss_scale = scaler ? scaler->read(stream).scale : 1.f;
+    if (scaler) scaler->update(stream);
+    r.loss = net.last_loss(stream);  // of the last micro-batch
+    if (!std::isfinite(r.loss) && !scaler) throw core::Error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(step) + "; lower --lr");
+    if (step == 0) report.first_loss = r.loss;
+    report.last_loss = r.loss;
+    if (step >= untimed) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - timed_start).count();
+      const int64_t images_done = (step - untimed + 1) * int64_t(opt.batch) * opt.accum;
+      r.images_per_second = seconds > 0 ? images_done / seconds : 0;
+      report.timed_images = images_done;
+      report.timed_seconds = seconds;
+      report.images_per_second = r.images_per_second;
+    }
+    if (on_step) on_step(r);
+  }
+  stream.synchronize();
+  if (scaler) report.skipped_steps = scaler->read(stream).skipped_steps;
+  if (loader) {
+    report.corrupt_skipped = loader->skipped_total();
+    report.corrupt_files = loader->corrupt_files();
+  }
+  if (opt.eval && !opt.data.empty()) {
+    loader.reset();
+    evaluate(opt, prec.dtype, net, images.get(), labels.get(), stream, report);
+  }
+  return report;
+}
+
+}  // namespace gpulab::train

@@ -1,0 +1,60 @@
+// The training loop of `gpulab train`: data (synthetic or an ImageNet-layout folder through the
+// CPU loader), the ResNet, optimizer, LR schedule and loss scaler, timed and reported.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "train/lr_schedule.h"
+#include "train/optimizer.h"
+#include "train/resnet.h"
+
+namespace gpulab::train {
+
+struct TrainOptions {
+  std::string data;        // ImageNet-layout folder; empty: synthetic
+  std::string precision = "fp32";  // fp32 (TF32 off), tf32, fp16 (dynamic loss scaling), bf16
+  int depth = 50;
+  int classes = 1000;      // synthetic only; a folder gives its own
+  int image_size = 224;
+  int batch = 256;         // per micro-batch
+  int accum = 1;           // micro-batches per optimizer step
+  int64_t steps = 100;
+  OptimizerConfig optimizer;
+  LrSchedule schedule;     // total is set to `steps`
+  float label_smoothing = 0.1f;
+  int loader_threads = 8;
+  uint64_t seed = 0;
+  int warmup_steps_untimed = 5;  // left out of the throughput figure
+  bool eval = false;  // top-1 on DIR/val after training (folder data only)
+};
+
+struct StepReport {
+  int64_t step = 0;
+  float loss = 0;
+  double lr = 0;
+  float loss_scale = 1;
+  double images_per_second = 0;  // since the timed part began
+};
+
+struct TrainReport {
+  double images_per_second = 0;
+  int64_t timed_images = 0;
+  double timed_seconds = 0;
+  float first_loss = 0, last_loss = 0;
+  int32_t skipped_steps = 0;  // inf/NaN steps skipped by the loss scaler
+  int64_t corrupt_skipped = 0;
+  std::vector<std::string> corrupt_files;
+  int64_t params = 0;
+  int classes = 0;
+  int64_t val_images = 0;  // 0: no evaluation ran
+  double val_top1 = 0;
+  double val_loss = 0;
+};
+
+// Throws InputError for bad options, NoDeviceError without a GPU.
+TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step = {});
+
+}  // namespace gpulab::train
