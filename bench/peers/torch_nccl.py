@@ -24,7 +24,7 @@ def worker(local_rank=None, world=None):
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    sizes = [1 << s for s in range(13, 32, 3)]  # 8 KiB .. 2 GiB
+    sizes = sorted([1 << s for s in range(13, 32, 3)] + [1 << 30])  # 8 KiB .. 2 GiB, and 1 GiB for the ratio
     free = torch.cuda.mem_get_info()[0]
     sizes = [s for s in sizes if 2 * s < free // 4]
     factor = 2 * (world - 1) / world
