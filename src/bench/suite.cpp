@@ -4,9 +4,11 @@
 #include <cstdlib>
 #include <iomanip>
 
+#include "bench/html_report.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/nvml.h"
+#include "core/safetensors.h"
 
 namespace gpulab::bench {
 
@@ -94,6 +96,10 @@ int run_bench(const std::vector<std::string>& names, const Options& options, std
   if (!options.json_path.empty()) {
     ctx.log().write(options.json_path);
     out << "wrote " << ctx.log().results().size() << " results to " << options.json_path << "\n";
+  }
+  if (!options.html_path.empty()) {
+    core::write_file_atomic(options.html_path, render_html(ctx.log().results(), "gpulab bench"));
+    out << "wrote the report to " << options.html_path << "\n";
   }
   return ctx.failed() ? core::kExitFailure : core::kExitOk;
 }

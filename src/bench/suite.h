@@ -21,6 +21,7 @@ struct Options {
   bool allow_oversubscription = false;  // um: managed memory beyond the device's memory
   int device = 0;
   std::string json_path;                // write the results here when not empty
+  std::string html_path;                // write an HTML report (roofline, charts) here when not empty
 };
 
 // What a suite runs with, and where its rows go.

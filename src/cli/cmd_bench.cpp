@@ -28,6 +28,7 @@ void add_bench_command(CLI::App& app, Runner& run) {
   sub->add_flag("--list", opt->list, "List the suites and exit");
   sub->add_flag("--quick", opt->options.quick, "A short pass: few sizes and repetitions");
   sub->add_option("--json", opt->options.json_path, "Write every figure as result JSON to this file");
+  sub->add_option("--html", opt->options.html_path, "Write a self-contained HTML report (roofline, per-suite charts) to this file");
   sub->add_option("--device", opt->options.device, "CUDA device index for single-GPU suites")->capture_default_str();
   sub->add_flag("--allow-oversubscription", opt->options.allow_oversubscription,
                 "um: also measure managed memory larger than the GPU's memory (slow; pages thrash)");
