@@ -15,11 +15,21 @@ namespace gpulab::llm::testing {
 struct FixtureCase {
   std::vector<int32_t> ids;
   std::vector<int32_t> greedy;
-  std::vector<float> logits;  // [ids.size(), vocab], float32 forward of the bf16 weights
+  std::vector<float> logits;       // [ids.size(), vocab], float32 forward of the bf16 weights
+  std::vector<float> logits_bf16;  // the same, transformers' own forward in bf16
 };
 
 inline std::filesystem::path fixture_dir(const std::string& name) {
   return std::filesystem::path(GPULAB_TEST_DATA) / name;
+}
+
+inline std::vector<float> load_f32(const core::SafetensorsFile& tensors, const std::string& name) {
+  const core::TensorInfo* info = tensors.find(name);
+  if (!info || info->dtype != core::DType::f32) throw std::runtime_error("fixture tensor " + name + " missing");
+  const auto bytes = tensors.data(*info);
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
 }
 
 inline std::vector<FixtureCase> load_fixture_cases(const std::string& name) {
@@ -32,11 +42,9 @@ inline std::vector<FixtureCase> load_fixture_cases(const std::string& name) {
     FixtureCase fc;
     fc.ids = c["ids"].get<std::vector<int32_t>>();
     fc.greedy = c["greedy_fp32"].get<std::vector<int32_t>>();
-    const core::TensorInfo* info = tensors.find(c["logits"].get<std::string>());
-    if (!info || info->dtype != core::DType::f32) throw std::runtime_error("fixture logits missing");
-    const auto bytes = tensors.data(*info);
-    fc.logits.resize(bytes.size() / sizeof(float));
-    std::memcpy(fc.logits.data(), bytes.data(), bytes.size());
+    const std::string name = c["logits"].get<std::string>();  // "logits_i"; bf16: "logits_bf16_i"
+    fc.logits = load_f32(tensors, name);
+    fc.logits_bf16 = load_f32(tensors, "logits_bf16_" + name.substr(name.find('_') + 1));
     cases.push_back(std::move(fc));
   }
   return cases;

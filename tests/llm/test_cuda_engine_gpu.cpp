@@ -1,9 +1,11 @@
 // The CUDA engine against the transformers fixtures and against itself: logits within the bf16
-// tolerance of the float32 reference, chunked and multi-pass prefill, greedy decoding through
-// the scheduler independent of batching, and requests that cannot fit refused clearly.
+// tolerance of the float32 reference, the sharded checkpoint bit-identical to the single file,
+// chunked and multi-pass prefill, greedy decoding through the scheduler independent of batching
+// (and leaving float32 greedy only at near ties), and requests that cannot fit refused clearly.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "common/gpu.h"
@@ -22,6 +24,8 @@ struct Agreement {
   int64_t top1_agree, rows;
 };
 
+int64_t top1(const float* row, int64_t vocab) { return std::max_element(row, row + vocab) - row; }
+
 Agreement compare_logits(const std::vector<float>& got, const std::vector<float>& want, int64_t vocab) {
   double num = 0, den = 0;
   const int64_t rows = static_cast<int64_t>(want.size()) / vocab;
@@ -31,12 +35,18 @@ Agreement compare_logits(const std::vector<float>& got, const std::vector<float>
     num += (got[i] - want[i]) * double(got[i] - want[i]);
     den += want[i] * double(want[i]);
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = got.data() + r * vocab;
-    const float* w = want.data() + r * vocab;
-    agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
-  }
+  for (int64_t r = 0; r < rows; ++r) agree += top1(got.data() + r * vocab, vocab) == top1(want.data() + r * vocab, vocab);
   return {std::sqrt(num / den), agree, rows};
+}
+
+// The float32 margin by which `row`'s top token leads `token` (0 when `token` is the top).
+float fp32_gap(const float* row, int64_t vocab, int64_t token) { return row[top1(row, vocab)] - row[token]; }
+
+// A bf16 forward may pick another token than float32 only at a near tie: where the float32
+// logits of the two lie within two bf16 steps (2^-6 relative) of each other. The largest
+// margin transformers' own bf16 forward flips on these fixtures is 0.128 at 16.9 (2^-7.05).
+bool near_tie(const float* row, int64_t vocab, int64_t token) {
+  return fp32_gap(row, vocab, token) <= std::ldexp(std::abs(row[top1(row, vocab)]), -6);
 }
 
 // Engines in these tests keep a modest KV pool, so several can live at once.
@@ -47,31 +57,73 @@ EngineOptions modest(EngineOptions opt = {}) {
 
 WeightSource tiny() { return WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny")); }
 
+// Engine logits against the fixture's float32 ones: relative L2 per case, and top-1 agreement
+// over all positions, printed beside what transformers' own bf16 forward achieves. Each
+// disagreement is listed with the float32 margin, so a near tie is told from a bug.
 void expect_near_fixture(CudaEngine& engine, const std::string& fixture) {
+  constexpr int64_t V = 1024;
   const auto cases = testing::load_fixture_cases(fixture);
-  int64_t rows = 0, agree = 0;
+  int64_t rows = 0, agree = 0, agree_transformers = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::vector<float> got = engine.logits(cases[i].ids);
     ASSERT_EQ(got.size(), cases[i].logits.size()) << "case " << i;
-    const Agreement a = compare_logits(got, cases[i].logits, 1024);
+    const Agreement a = compare_logits(got, cases[i].logits, V);
+    const Agreement t = compare_logits(cases[i].logits_bf16, cases[i].logits, V);
     EXPECT_LE(a.rel_l2, 2e-2) << "case " << i;
     rows += a.rows;
     agree += a.top1_agree;
-    std::printf("%s case %zu: rel L2 %.2e, top-1 %lld/%lld\n", fixture.c_str(), i, a.rel_l2, (long long)a.top1_agree,
-                (long long)a.rows);
+    agree_transformers += t.top1_agree;
+    std::printf("%s case %zu: rel L2 %.2e, top-1 %lld/%lld (transformers bf16: rel L2 %.2e, top-1 %lld/%lld)\n",
+                fixture.c_str(), i, a.rel_l2, (long long)a.top1_agree, (long long)a.rows, t.rel_l2,
+                (long long)t.top1_agree, (long long)t.rows);
+    for (int64_t r = 0; r < a.rows; ++r) {
+      const float* want = cases[i].logits.data() + r * V;
+      const int64_t mine = top1(got.data() + r * V, V), ref = top1(want, V);
+      if (mine == ref) continue;
+      std::printf("  position %lld: engine %lld, float32 %lld (float32 logits %.4f vs %.4f, margin %.4f), "
+                  "transformers bf16 %lld\n",
+                  (long long)r, (long long)mine, (long long)ref, want[ref], want[mine], fp32_gap(want, V, mine),
+                  (long long)top1(cases[i].logits_bf16.data() + r * V, V));
+      EXPECT_TRUE(near_tie(want, V, mine)) << "case " << i << " position " << r << ": not a near tie";
+    }
   }
+  std::printf("%s: top-1 %lld/%lld (%.1f%%), transformers bf16 %lld/%lld (%.1f%%)\n", fixture.c_str(), (long long)agree,
+              (long long)rows, 100.0 * agree / rows, (long long)agree_transformers, (long long)rows,
+              100.0 * agree_transformers / rows);
   EXPECT_GE(double(agree) / rows, 0.98) << agree << " of " << rows << " positions agree on top-1";
 }
 
 class CudaEngineFixture : public ::testing::TestWithParam<std::string> {};
 
+// Both checkpoints against all five llama_tiny cases (235 positions). llama_tiny_sharded's own
+// fixture holds only the first two of them (53 positions): too few for a 98% bar, since at
+// 53 one near tie is 1.9% and transformers' own bf16 forward flips two of them (51/53).
 TEST_P(CudaEngineFixture, LogitsMatchTransformersFp32) {
   GPULAB_REQUIRE_GPU();
   CudaEngine engine(WeightSource::from_checkpoint(testing::fixture_dir(GetParam())), modest());
-  expect_near_fixture(engine, GetParam());
+  expect_near_fixture(engine, "llama_tiny");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngineFixture, ::testing::Values("llama_tiny", "llama_tiny_sharded"));
+
+// The sharded checkpoint holds the same bytes as the single file: the engine's logits must be
+// identical bit for bit (a loading-order bug or nondeterminism would show here).
+TEST(CudaEngine, ShardedCheckpointGivesTheLogitsOfTheSingleFile) {
+  GPULAB_REQUIRE_GPU();
+  CudaEngine single(tiny(), modest());
+  CudaEngine sharded(WeightSource::from_checkpoint(testing::fixture_dir("llama_tiny_sharded")), modest());
+  const auto cases = testing::load_fixture_cases("llama_tiny");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::vector<float> a = single.logits(cases[i].ids), b = sharded.logits(cases[i].ids);
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0, first = a.size();
+    for (size_t j = 0; j < a.size(); ++j)
+      if (std::memcmp(&a[j], &b[j], sizeof(float)) != 0 && differ++ == 0) first = j;
+    EXPECT_EQ(differ, 0u) << "case " << i << ": " << differ << " logits differ, first at position " << first / 1024
+                          << " token " << first % 1024 << " (" << a[first] << " vs " << b[first] << ")";
+    EXPECT_EQ(a, single.logits(cases[i].ids)) << "case " << i << ": a second run differs";
+  }
+}
 
 TEST(CudaEngine, MultiPassPrefillMatchesTheFixtureToo) {
   GPULAB_REQUIRE_GPU();
@@ -157,13 +209,29 @@ TEST(CudaEngine, BatchedGreedyEqualsEachAlone) {
     EXPECT_EQ(batched[i].size(), 24u);
     EXPECT_EQ(batched[i], alone[i]) << "request " << i;
   }
-  // Beside the float32 fixture: report how far bf16 greedy follows it.
+  // Beside float32: report how far bf16 greedy follows the fixture's float32 greedy. It may
+  // leave it only at a near tie, so every token must be a float32 near-argmax given the
+  // engine's own prefix (float32 logits from the CPU reference, checked against the fixtures).
   const auto cases = testing::load_fixture_cases("llama_tiny");
   for (size_t i = 0; i < cases.size(); ++i) {
     size_t same = 0;
     while (same < 24 && batched[i][same] == cases[i].greedy[same]) ++same;
     std::printf("case %zu: first %zu of 24 greedy tokens equal the float32 fixture\n", i, same);
-    EXPECT_EQ(batched[i][0], cases[i].greedy[0]) << "case " << i;
+  }
+  const CpuModel cpu(tiny());
+  constexpr int64_t V = 1024;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> ids = prompts[i];
+    ids.insert(ids.end(), batched[i].begin(), batched[i].end());
+    const std::vector<float> fp32 = cpu.logits(ids);
+    for (size_t t = 0; t < batched[i].size(); ++t) {
+      const float* row = fp32.data() + (prompts[i].size() - 1 + t) * V;
+      const int32_t token = batched[i][t];
+      if (token == top1(row, V)) continue;
+      std::printf("request %zu token %zu: engine %d, float32 %lld (float32 logits %.4f vs %.4f, margin %.4f)\n", i, t,
+                  token, (long long)top1(row, V), row[top1(row, V)], row[token], fp32_gap(row, V, token));
+      EXPECT_TRUE(near_tie(row, V, token)) << "request " << i << " token " << t << ": not a near tie";
+    }
   }
   EXPECT_EQ(engine.kv_free_tokens(), engine.capacity().kv_blocks * engine.capacity().block_size);  // every page back
 }
