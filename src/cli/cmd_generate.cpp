@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -64,10 +65,13 @@ int run_generate(const GenerateOptions& opt) {
 
   const llm::WeightSource weights = opt.dummy_weights ? llm::WeightSource::random(llm::config_from_arg(opt.config))
                                                       : llm::WeightSource::from_checkpoint(opt.model);
-  std::string tokenizer_path = opt.tokenizer.empty() ? opt.model : opt.tokenizer;
-  if (tokenizer_path.empty()) throw core::InputError("--dummy-weights needs --tokenizer FILE (to print text)");
-  const llm::Tokenizer tokenizer = llm::Tokenizer::from_file(tokenizer_path);
-  const std::vector<int32_t> prompt = opt.prompt.empty() ? parse_id_list(opt.ids) : tokenizer.encode(opt.prompt, true);
+  // Random weights may come without a tokenizer: then --ids in, token ids out (no text).
+  const std::string tokenizer_path = opt.tokenizer.empty() ? opt.model : opt.tokenizer;
+  if (tokenizer_path.empty() && !opt.prompt.empty())
+    throw core::InputError("--prompt needs a tokenizer: give --tokenizer FILE, or --ids with --dummy-weights");
+  std::optional<llm::Tokenizer> tokenizer;
+  if (!tokenizer_path.empty()) tokenizer = llm::Tokenizer::from_file(tokenizer_path);
+  const std::vector<int32_t> prompt = opt.prompt.empty() ? parse_id_list(opt.ids) : tokenizer->encode(opt.prompt, true);
 
   std::unique_ptr<llm::Engine> engine;
   const int64_t longest = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
@@ -84,7 +88,7 @@ int run_generate(const GenerateOptions& opt) {
 
   llm::SchedulerOptions so;
   so.max_batch = engine->max_batch();
-  llm::Scheduler scheduler(*engine, tokenizer, so);
+  llm::Scheduler scheduler = tokenizer ? llm::Scheduler(*engine, *tokenizer, so) : llm::Scheduler(*engine, so);
   std::vector<llm::GenerationResult> results(opt.batch);
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < opt.batch; ++i) {
@@ -93,7 +97,7 @@ int run_generate(const GenerateOptions& opt) {
     r.max_new_tokens = opt.max_tokens;
     r.sampling = {opt.temperature, opt.top_k, opt.top_p, opt.seed + static_cast<uint64_t>(i)};
     r.stop_at_eos = !opt.ignore_eos;
-    if (i == 0 && opt.batch == 1 && !opt.json_output)  // stream the only request's text
+    if (i == 0 && opt.batch == 1 && !opt.json_output && tokenizer)  // stream the only request's text
       r.on_text = [](const std::string& piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);

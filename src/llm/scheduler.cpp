@@ -55,7 +55,12 @@ size_t incomplete_tail(const std::string& text) {
 }  // namespace
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, SchedulerOptions options)
-    : engine_(engine), tokenizer_(tokenizer), options_(options) {
+    : engine_(engine), tokenizer_(&tokenizer), options_(options) {
+  options_.max_batch = std::min(options_.max_batch, engine.max_batch());
+}
+
+Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
+    : engine_(engine), tokenizer_(nullptr), options_(options) {
   options_.max_batch = std::min(options_.max_batch, engine.max_batch());
 }
 
@@ -83,6 +88,8 @@ void Scheduler::submit(GenerationRequest request) {
     if (id < 0 || id >= cfg.vocab_size) throw core::InputError("token id " + std::to_string(id) + " is outside the vocabulary");
   for (const auto& s : request.stop)
     if (s.empty()) throw core::InputError("a stop string is empty");
+  if (!tokenizer_ && (!request.stop.empty() || request.on_text))
+    throw core::InputError("stop strings and streamed text need a tokenizer");
   auto active = std::make_unique<Active>(std::move(request));  // validates sampling params
   active->result.prompt_tokens = prompt;
   {
@@ -165,29 +172,32 @@ bool Scheduler::step_once() {
     if (a.generated.size() == 1) a.result.ttft_ms = ms_since(a.submitted);
 
     const bool is_eos = a.request.stop_at_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
-    // Text of everything generated so far (the eos token itself is not text).
-    const std::span<const int32_t> text_ids(a.generated.data(), a.generated.size() - (is_eos ? 1 : 0));
-    std::string text = tokenizer_.decode(text_ids, /*skip_special=*/true);
     std::string reason;
-    size_t stop_at = std::string::npos;
-    for (const auto& s : a.request.stop) stop_at = std::min(stop_at, text.find(s));
-    if (stop_at != std::string::npos) {
-      text.resize(stop_at);
-      reason = "stop";
-    } else if (is_eos) {
-      reason = "stop";
-    } else if (static_cast<int64_t>(a.generated.size()) >= a.request.max_new_tokens) {
-      reason = "length";
+    if (is_eos) reason = "stop";
+    else if (static_cast<int64_t>(a.generated.size()) >= a.request.max_new_tokens) reason = "length";
+    // Text is decoded every step only when someone reads it as it comes (a stream) or a stop
+    // string may end the request; otherwise once, at the end.
+    const bool text_each_step = tokenizer_ && (a.request.on_text || !a.request.stop.empty());
+    if (text_each_step || (tokenizer_ && !reason.empty())) {
+      // Text of everything generated so far (the eos token itself is not text).
+      const std::span<const int32_t> text_ids(a.generated.data(), a.generated.size() - (is_eos ? 1 : 0));
+      std::string text = tokenizer_->decode(text_ids, /*skip_special=*/true);
+      size_t stop_at = std::string::npos;
+      for (const auto& s : a.request.stop) stop_at = std::min(stop_at, text.find(s));
+      if (stop_at != std::string::npos) {
+        text.resize(stop_at);
+        reason = "stop";
+      }
+      const size_t safe = reason.empty()
+                              ? text.size() - std::max(stop_prefix_suffix(text, a.request.stop), incomplete_tail(text))
+                              : text.size();
+      if (safe > a.text_emitted) {
+        const std::string piece = text.substr(a.text_emitted, safe - a.text_emitted);
+        a.text_emitted = safe;
+        if (a.request.on_text && !a.request.on_text(piece)) reason = "cancelled";
+      }
+      a.result.text = text.substr(0, a.text_emitted);
     }
-    const size_t safe = reason.empty()
-                            ? text.size() - std::max(stop_prefix_suffix(text, a.request.stop), incomplete_tail(text))
-                            : text.size();
-    if (safe > a.text_emitted) {
-      const std::string piece = text.substr(a.text_emitted, safe - a.text_emitted);
-      a.text_emitted = safe;
-      if (a.request.on_text && !a.request.on_text(piece)) reason = "cancelled";
-    }
-    a.result.text = text.substr(0, a.text_emitted);
     if (!reason.empty()) finish(a, reason);
   }
   std::erase_if(running_, [](const auto& a) { return a->done; });

@@ -62,6 +62,9 @@ struct SchedulerMetrics {
 class Scheduler {
  public:
   Scheduler(Engine& engine, const Tokenizer& tokenizer, SchedulerOptions options = {});
+  // Without a tokenizer requests produce tokens only (no text, no stop strings): benchmarks on
+  // random weights whose vocabulary no tokenizer covers.
+  explicit Scheduler(Engine& engine, SchedulerOptions options = {});
   ~Scheduler();  // stops the thread; unfinished requests end "cancelled"
 
   // Queues a request. Throws core::InputError when it can never run: empty prompt, prompt plus
@@ -83,7 +86,7 @@ class Scheduler {
   void finish(Active& a, const std::string& reason);
 
   Engine& engine_;
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;  // null: tokens only
   SchedulerOptions options_;
   mutable std::mutex mutex_;
   std::condition_variable wake_, idle_;

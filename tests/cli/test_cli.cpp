@@ -356,3 +356,15 @@ TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
   fs::remove_all(empty);
   if (!gpulab::core::why_no_device().empty()) EXPECT_EQ(run("train --synthetic --steps 1").exit_code, 3);
 }
+
+TEST(Cli, GenerateOnRandomWeightsWithoutTokenizerGivesIds) {
+  const CliRun r = run("generate --device cpu --dummy-weights --config " + kData +
+                       "/llama_tiny/config.json --ids 1,2,3 --max-tokens 5 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["results"][0]["tokens"].size(), 5u);
+  EXPECT_EQ(j["results"][0]["text"], "");
+  const CliRun text = run("generate --device cpu --dummy-weights --config " + kData + "/llama_tiny/config.json --prompt hi");
+  EXPECT_EQ(text.exit_code, 2);
+  EXPECT_NE(text.out.find("--tokenizer"), std::string::npos) << text.out;
+}
