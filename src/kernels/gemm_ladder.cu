@@ -148,9 +148,14 @@ std::string gemm_step_size_rule(GemmStep s, int64_t m, int64_t n, int64_t k) {
 }
 
 bool gemm_step_available(GemmStep s) {
-  if (s != GemmStep::wgmma) return true;
+  if (s != GemmStep::wgmma && s != GemmStep::mma_sync) return true;
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (s == GemmStep::mma_sync) {
+    int smem = 0;
+    GPULAB_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return size_t(smem) >= gemm_mma_sync_smem_bytes();
+  }
   GPULAB_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   GPULAB_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   return gemm_wgmma_compiled() && major == 9 && minor == 0;

@@ -138,6 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1) mma_kernel(const T* __restrict__ 
 
 }  // namespace
 
+size_t gemm_mma_sync_smem_bytes() { return kSmemBytes; }
+
 void gemm_mma_sync(core::DType input, const void* a, const void* b, float* c, int m, int n, int k, cudaStream_t stream) {
   const std::string rule = gemm_step_size_rule(GemmStep::mma_sync, m, n, k);
   if (!rule.empty()) throw core::InputError(rule);
