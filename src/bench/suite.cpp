@@ -29,6 +29,16 @@ void Context::add(Row row) {
   rows_.push_back(std::move(row));
 }
 
+bool Context::attempt(const std::string& what, const std::function<void()>& fn) {
+  try {
+    fn();
+    return true;
+  } catch (const std::exception& e) {
+    fail(what + ": " + e.what());
+    return false;
+  }
+}
+
 void Context::finish(const std::string& title) {
   render_table(out_, title, rows_, notes_);
   out_.flush();

@@ -50,6 +50,9 @@ class Context {
     failed_ = true;
   }
   bool failed() const { return failed_; }
+  // Runs one measurement; if it throws, records the failure as fail() does ("what: message")
+  // and returns false, so the rest of the suite still runs.
+  bool attempt(const std::string& what, const std::function<void()>& fn);
   void finish(const std::string& title);
 
   const core::ResultLog& log() const { return log_; }

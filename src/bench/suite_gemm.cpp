@@ -76,70 +76,75 @@ void run_gemm_suite(Context& ctx) {
       continue;
     }
     // The reference: strict fp32 cuBLASLt on the seed-0 integer matrices.
-    core::DeviceBuffer<float> a32(elems), b32(elems), ref(elems);
-    fill_integer_matrix(DType::f32, a32.get(), n, n, false, 1, stream);
-    fill_integer_matrix(DType::f32, b32.get(), n, n, false, 2, stream);
-    blas.matmul({n, n, n}, {DType::f32, DType::f32, DType::f32, core::MathMode::strict_fp32}, a32.get(), b32.get(), ref.get(), stream);
-    stream.synchronize();
-    a32.reset();
-    b32.reset();
-
+    core::DeviceBuffer<float> ref;
+    if (!ctx.attempt("gemm reference at " + std::to_string(n) + "³", [&] {
+      core::DeviceBuffer<float> a32(elems), b32(elems);
+      ref = core::DeviceBuffer<float>(elems);
+      fill_integer_matrix(DType::f32, a32.get(), n, n, false, 1, stream);
+      fill_integer_matrix(DType::f32, b32.get(), n, n, false, 2, stream);
+      blas.matmul({n, n, n}, {DType::f32, DType::f32, DType::f32, core::MathMode::strict_fp32}, a32.get(), b32.get(), ref.get(), stream);
+      stream.synchronize();
+    }))
+      continue;  // recorded as failed; the next size may still fit
     for (const Variant& v : variants()) {
-      if (n > v.max_size) continue;
-      if (!v.library) {
-        if (!kernels::gemm_step_available(v.step)) {
-          if (n == sizes.front()) ctx.note(v.name + ": not available on this device or build");
-          continue;
+      // A variant that throws (a launch error, memory) is recorded as failed; the others still run.
+      ctx.attempt(v.name + " at " + std::to_string(n) + "³", [&] {
+        if (n > v.max_size) return;
+        if (!v.library) {
+          if (!kernels::gemm_step_available(v.step)) {
+            if (n == sizes.front()) ctx.note(v.name + ": not available on this device or build");
+            return;
+          }
+          const std::string rule = kernels::gemm_step_size_rule(v.step, n, n, n);
+          if (!rule.empty()) {
+            ctx.note(v.name + " skipped: " + rule);
+            return;
+          }
         }
-        const std::string rule = kernels::gemm_step_size_rule(v.step, n, n, n);
-        if (!rule.empty()) {
-          ctx.note(v.name + " skipped: " + rule);
-          continue;
+        const size_t in_bytes = core::dtype_size(v.input) * elems;
+        const int sets = int(std::clamp<size_t>((2 * l2 + 2 * in_bytes - 1) / (2 * in_bytes), 1, 64));
+        std::vector<core::DeviceBuffer<>> as, bs;
+        for (int s = 0; s < sets; ++s) {
+          as.emplace_back(in_bytes);
+          bs.emplace_back(in_bytes);
+          // Set 0 is the reference's matrices; the others only feed the timing.
+          fill_integer_matrix(v.input, as.back().get(), n, n, false, s == 0 ? 1 : 1000 + s, stream);
+          fill_integer_matrix(v.input, bs.back().get(), n, n, b_transposed(v), s == 0 ? 2 : 2000 + s, stream);
         }
-      }
-      const size_t in_bytes = core::dtype_size(v.input) * elems;
-      const int sets = int(std::clamp<size_t>((2 * l2 + 2 * in_bytes - 1) / (2 * in_bytes), 1, 64));
-      std::vector<core::DeviceBuffer<>> as, bs;
-      for (int s = 0; s < sets; ++s) {
-        as.emplace_back(in_bytes);
-        bs.emplace_back(in_bytes);
-        // Set 0 is the reference's matrices; the others only feed the timing.
-        fill_integer_matrix(v.input, as.back().get(), n, n, false, s == 0 ? 1 : 1000 + s, stream);
-        fill_integer_matrix(v.input, bs.back().get(), n, n, b_transposed(v), s == 0 ? 2 : 2000 + s, stream);
-      }
-      core::DeviceBuffer<> c(core::dtype_size(v.output) * elems);
-      auto run = [&](int s) {
-        if (v.library) {
-          const core::MathMode math = v.precision == "tf32" ? core::MathMode::tf32 : core::MathMode::strict_fp32;
-          blas.matmul({n, n, n, false, b_transposed(v)}, {v.input, v.input, v.output, math}, as[s].get(), bs[s].get(),
-                      c.get(), stream, 1.f, 0.f, v.input == DType::f8e4m3 ? fp8_scales : blas::Fp8Scales{});
-        } else {
-          kernels::gemm_ladder(v.step, v.input, as[s].get(), bs[s].get(), reinterpret_cast<float*>(c.get()), n, n, n, stream);
+        core::DeviceBuffer<> c(core::dtype_size(v.output) * elems);
+        auto run = [&](int s) {
+          if (v.library) {
+            const core::MathMode math = v.precision == "tf32" ? core::MathMode::tf32 : core::MathMode::strict_fp32;
+            blas.matmul({n, n, n, false, b_transposed(v)}, {v.input, v.input, v.output, math}, as[s].get(), bs[s].get(),
+                        c.get(), stream, 1.f, 0.f, v.input == DType::f8e4m3 ? fp8_scales : blas::Fp8Scales{});
+          } else {
+            kernels::gemm_ladder(v.step, v.input, as[s].get(), bs[s].get(), reinterpret_cast<float*>(c.get()), n, n, n, stream);
+          }
+        };
+        GPULAB_CHECK(cudaMemsetAsync(c.get(), 0xff, c.bytes(), stream));  // NaN: unwritten elements fail
+        run(0);
+        const uint64_t wrong = count_mismatches(v.output, c.get(), ref.get(), elems, v.rtol > 0 ? 1e-2 : 0, v.rtol, stream);
+        if (wrong) {
+          ctx.fail("verification of " + v.name + " at " + std::to_string(n) + "³: " + std::to_string(wrong) + " of " +
+                   std::to_string(elems) + " elements wrong; not timed");
+          return;
         }
-      };
-      GPULAB_CHECK(cudaMemsetAsync(c.get(), 0xff, c.bytes(), stream));  // NaN: unwritten elements fail
-      run(0);
-      const uint64_t wrong = count_mismatches(v.output, c.get(), ref.get(), elems, v.rtol > 0 ? 1e-2 : 0, v.rtol, stream);
-      if (wrong) {
-        ctx.fail("verification of " + v.name + " at " + std::to_string(n) + "³: " + std::to_string(wrong) + " of " +
-                 std::to_string(elems) + " elements wrong; not timed");
-        continue;
-      }
-      int next = 0;
-      const TimingPlan plan{ctx.quick() ? 10 : 20, 5.0, 100.0};
-      const auto ms = time_on_stream(stream, [&] { run(next); next = (next + 1) % sets; }, plan);
-      std::vector<double> tflops;
-      for (double t : ms) tflops.push_back(flops / (t * 1e-3) / 1e12);
-      const Summary s = summarize(tflops);
-      const std::string key = "gemm_" + v.precision + "_" + std::to_string(n);
-      if (v.library) ctx.set_ceiling(key, s.median);
-      Row row = make_row("gemm", v.name + "_" + std::to_string(n), "throughput", "TFLOP/s", s, gemm_peak(ctx.datasheet(), v.precision),
-                         {{"m", n}, {"n", n}, {"k", n}, {"input", core::dtype_name(v.input)}, {"output", core::dtype_name(v.output)},
-                          {"precision", v.precision}, {"verified", v.rtol > 0 ? "tolerance" : "exact"}, {"input_sets", sets},
-                          {"median_ms", percentile(ms, 50)}});
-      if (!v.library) row.ceiling = ctx.ceiling(key);
-      else row.ceiling = s.median;
-      ctx.add(row);
+        int next = 0;
+        const TimingPlan plan{ctx.quick() ? 10 : 20, 5.0, 100.0};
+        const auto ms = time_on_stream(stream, [&] { run(next); next = (next + 1) % sets; }, plan);
+        std::vector<double> tflops;
+        for (double t : ms) tflops.push_back(flops / (t * 1e-3) / 1e12);
+        const Summary s = summarize(tflops);
+        const std::string key = "gemm_" + v.precision + "_" + std::to_string(n);
+        if (v.library) ctx.set_ceiling(key, s.median);
+        Row row = make_row("gemm", v.name + "_" + std::to_string(n), "throughput", "TFLOP/s", s, gemm_peak(ctx.datasheet(), v.precision),
+                           {{"m", n}, {"n", n}, {"k", n}, {"input", core::dtype_name(v.input)}, {"output", core::dtype_name(v.output)},
+                            {"precision", v.precision}, {"verified", v.rtol > 0 ? "tolerance" : "exact"}, {"input_sets", sets},
+                            {"median_ms", percentile(ms, 50)}});
+        if (!v.library) row.ceiling = ctx.ceiling(key);
+        else row.ceiling = s.median;
+        ctx.add(row);
+      });
     }
   }
   ctx.note("% ceiling: of cuBLASLt at the same size and input precision (ladder steps write fp32 C; cuBLASLt fp16/bf16 write their own type)");

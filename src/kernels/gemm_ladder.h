@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -28,7 +29,8 @@ bool gemm_step_supports(GemmStep s, core::DType input);
 // "" when (m, n, k) is fine for the step, else what the step needs.
 std::string gemm_step_size_rule(GemmStep s, int64_t m, int64_t n, int64_t k);
 // Whether the step can run on the current device with this build (wgmma needs sm_90a code and
-// a compute capability 9.0 device).
+// a compute capability 9.0 device; mma_sync needs 133 KiB of shared memory per block, which
+// H100/H200, A100 and B200 allow and consumer GPUs (≤ 99 KiB) do not).
 bool gemm_step_available(GemmStep s);
 // Whether the step takes B stored n×k instead of k×n.
 inline bool gemm_step_b_transposed(GemmStep s) { return s == GemmStep::wgmma; }
@@ -45,6 +47,7 @@ void gemm_register_blocked(const float* a, const float* b, float* c, int m, int 
 void gemm_mma_sync(core::DType input, const void* a, const void* b, float* c, int m, int n, int k, cudaStream_t stream);
 void gemm_wgmma(const void* a, const void* b_nk, float* c, int m, int n, int k, cudaStream_t stream);  // bf16, B n×k
 bool gemm_wgmma_compiled();  // this build carries sm_90a code for it
+size_t gemm_mma_sync_smem_bytes();  // dynamic shared memory per block of the mma_sync step
 
 // CPU reference: c = a·b with double accumulation, rounded once to float.
 void gemm_reference(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k);

@@ -1,8 +1,14 @@
 // GEMM ladder step 4: tensor cores through warp-level mma.sync (m16n8k16, fp16/bf16 in, fp32
-// accumulate). A 128×128×32 block tile, 8 warps of 64×32 each; tiles arrive by cp.async in a
-// 4-stage pipeline and reach registers by ldmatrix (B transposed on the way, since B is k×n
+// accumulate). A 128×256×32 block tile, 8 warps (2×4) of 64×64 each; tiles arrive by cp.async
+// in a 5-stage pipeline and reach registers by ldmatrix (B transposed on the way, since B is k×n
 // row-major and mma wants it column-major). Rows are padded by 16 bytes so ldmatrix's eight
 // 16-byte row reads hit distinct banks.
+// Why this shape: shared memory serves 128 bytes per clock per SM and has to take both the
+// cp.async writes and the ldmatrix reads. A 64×64 warp tile needs 8 ldmatrix.x4 (32 wavefronts)
+// per 32 mma, and the 128×256 block writes 0.375 wavefronts per mma; the 128×128 block with
+// 64×32 warps needed 1.5 + 0.5 and reached only 38 % of cuBLASLt.
+// The price is 128 fp32 accumulators per thread, so one block (8 warps) per SM; the 5 stages use
+// the shared memory that frees up.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -16,14 +22,16 @@ namespace gpulab::kernels {
 
 namespace {
 
-constexpr int kBm = 128, kBn = 128, kBk = 32, kStages = 4, kThreads = 256;
-constexpr int kWarpM = 64, kWarpN = 32;
+constexpr int kBm = 128, kBn = 256, kBk = 32, kStages = 5, kThreads = 256;
+constexpr int kWarpM = 64, kWarpN = 64;
 constexpr int kAStride = kBk + 8;  // elements per A row in shared memory (80 bytes)
 constexpr int kBStride = kBn + 8;  // elements per B row (272 bytes)
 constexpr int kAStage = kBm * kAStride, kBStage = kBk * kBStride;
 constexpr size_t kSmemBytes = size_t(kStages) * (kAStage + kBStage) * 2;
 static_assert((kBm / kWarpM) * (kBn / kWarpN) * 32 == kThreads, "warps tile the block");
 static_assert(kBk % 16 == 0 && kWarpM % 16 == 0 && kWarpN % 16 == 0, "mma and ldmatrix shapes");
+constexpr int kAChunks = kBk / 8, kBChunks = kBn / 8;  // 16-byte chunks per tile row
+static_assert(kBm * kAChunks % kThreads == 0 && kBk * kBChunks % kThreads == 0, "every thread copies whole chunks");
 
 __device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -60,7 +68,7 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) mma_kernel(const T* __restrict__ a, const T* __restrict__ b,
+__global__ void __launch_bounds__(kThreads, 1) mma_kernel(const T* __restrict__ a, const T* __restrict__ b,
                                                        float* __restrict__ c, int m, int n, int k) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* as = reinterpret_cast<T*>(smem_raw);
@@ -74,15 +82,14 @@ __global__ void __launch_bounds__(kThreads) mma_kernel(const T* __restrict__ a, 
     const int k0 = kt * kBk;
     T* sa = as + stage * kAStage;
     T* sb = bs + stage * kBStage;
-    constexpr int kAChunks = kBk / 8, kBChunks = kBn / 8;  // 16-byte chunks per row
 #pragma unroll
-    for (int i = tid; i < kBm * kAChunks; i += kThreads) {
-      const int r = i / kAChunks, ch = i % kAChunks;
+    for (int j = 0; j < kBm * kAChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads, r = i / kAChunks, ch = i % kAChunks;
       cp_async16(sa + r * kAStride + ch * 8, a + size_t(row0 + r) * k + k0 + ch * 8);
     }
 #pragma unroll
-    for (int i = tid; i < kBk * kBChunks; i += kThreads) {
-      const int r = i / kBChunks, ch = i % kBChunks;
+    for (int j = 0; j < kBk * kBChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads, r = i / kBChunks, ch = i % kBChunks;
       cp_async16(sb + r * kBStride + ch * 8, b + size_t(k0 + r) * n + col0 + ch * 8);
     }
   };
@@ -130,6 +137,8 @@ __global__ void __launch_bounds__(kThreads) mma_kernel(const T* __restrict__ a, 
 }
 
 }  // namespace
+
+size_t gemm_mma_sync_smem_bytes() { return kSmemBytes; }
 
 void gemm_mma_sync(core::DType input, const void* a, const void* b, float* c, int m, int n, int k, cudaStream_t stream) {
   const std::string rule = gemm_step_size_rule(GemmStep::mma_sync, m, n, k);

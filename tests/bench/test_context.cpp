@@ -6,6 +6,7 @@
 
 #include "bench/suite.h"
 #include "bench/timing.h"
+#include "core/error.h"
 
 using namespace gpulab;
 using namespace gpulab::bench;
@@ -62,4 +63,19 @@ TEST(Context, FailIsNotedAndRemembered) {
   ctx.finish("t");
   EXPECT_TRUE(ctx.failed());  // stays set after the table is printed
   EXPECT_NE(out.str().find("FAILED: verification of x"), std::string::npos);
+}
+
+TEST(Context, AttemptRecordsAThrowAndLetsTheSuiteGoOn) {
+  std::ostringstream out;
+  Context ctx(Options{}, core::DeviceInfo{}, Datasheet{}, out);
+  int ran = 0;
+  EXPECT_TRUE(ctx.attempt("first", [&] { ++ran; }));
+  EXPECT_FALSE(ctx.failed());
+  EXPECT_FALSE(ctx.attempt("ladder4 at 8192³", [&] { throw core::Error("launch failed"); }));
+  EXPECT_TRUE(ctx.failed());
+  EXPECT_TRUE(ctx.attempt("third", [&] { ++ran; }));  // still runs after the failure
+  EXPECT_EQ(ran, 2);
+  ctx.finish("t");
+  EXPECT_NE(out.str().find("FAILED: ladder4 at 8192³: launch failed"), std::string::npos);
+  EXPECT_TRUE(ctx.failed());
 }

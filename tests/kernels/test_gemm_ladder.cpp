@@ -42,7 +42,8 @@ TEST(GemmLadder, SizeRulesNameTheTile) {
   EXPECT_EQ(gemm_step_size_rule(GemmStep::smem_tiled, 1, 1, 1), "");
   EXPECT_EQ(gemm_step_size_rule(GemmStep::register_blocked, 256, 128, 8), "");
   EXPECT_NE(gemm_step_size_rule(GemmStep::register_blocked, 100, 128, 8).find("multiple of 128"), std::string::npos);
-  EXPECT_NE(gemm_step_size_rule(GemmStep::mma_sync, 128, 128, 40), "");
+  EXPECT_NE(gemm_step_size_rule(GemmStep::mma_sync, 128, 256, 40), "");
+  EXPECT_NE(gemm_step_size_rule(GemmStep::mma_sync, 128, 128, 32).find("n of 256"), std::string::npos);
   EXPECT_EQ(gemm_step_size_rule(GemmStep::mma_sync, 128, 256, 64), "");
   EXPECT_EQ(gemm_step_size_rule(GemmStep::wgmma, 128, 256, 64), "");
   EXPECT_NE(gemm_step_size_rule(GemmStep::wgmma, 128, 128, 64), "");
@@ -52,7 +53,8 @@ TEST(GemmLadder, SizeRulesNameTheTile) {
 TEST(GemmLadder, RejectsBadSizesAndDtypesBeforeLaunching) {
   // Null pointers: the checks must throw before any kernel could read them.
   EXPECT_THROW(gemm_ladder(GemmStep::register_blocked, core::DType::f32, nullptr, nullptr, nullptr, 100, 128, 8, nullptr), core::InputError);
-  EXPECT_THROW(gemm_ladder(GemmStep::mma_sync, core::DType::f32, nullptr, nullptr, nullptr, 128, 128, 32, nullptr), core::InputError);
+  EXPECT_THROW(gemm_ladder(GemmStep::mma_sync, core::DType::f32, nullptr, nullptr, nullptr, 128, 256, 32, nullptr), core::InputError);
+  EXPECT_THROW(gemm_ladder(GemmStep::mma_sync, core::DType::bf16, nullptr, nullptr, nullptr, 128, 128, 32, nullptr), core::InputError);
   EXPECT_THROW(gemm_ladder(GemmStep::naive, core::DType::bf16, nullptr, nullptr, nullptr, 16, 16, 16, nullptr), core::InputError);
   EXPECT_THROW(gemm_ladder(GemmStep::wgmma, core::DType::f16, nullptr, nullptr, nullptr, 128, 256, 64, nullptr), core::InputError);
   EXPECT_TRUE(gemm_step_supports(GemmStep::mma_sync, core::DType::f16));

@@ -92,14 +92,16 @@ TEST(GemmLadderGpu, RegisterBlockedTileMultiples) {
   check_step(GemmStep::register_blocked, core::DType::f32, {{128, 128, 8}, {256, 384, 264}, {512, 256, 1000}});
 }
 
+// mma_sync: k = 32 is one k-tile (fewer than the pipeline's stages), 160 exactly fills the 5
+// stages, 1024 and 4096 wrap the ring many times; 384×768 is a 3×3 grid of 128×256 block tiles.
 TEST(GemmLadderGpu, MmaSyncBf16) {
   GPULAB_REQUIRE_GPU();
-  check_step(GemmStep::mma_sync, core::DType::bf16, {{128, 128, 32}, {256, 384, 160}, {384, 256, 1024}});
+  check_step(GemmStep::mma_sync, core::DType::bf16, {{128, 256, 32}, {256, 512, 160}, {384, 768, 1024}, {256, 256, 4096}});
 }
 
 TEST(GemmLadderGpu, MmaSyncFp16) {
   GPULAB_REQUIRE_GPU();
-  check_step(GemmStep::mma_sync, core::DType::f16, {{128, 128, 32}, {256, 384, 160}, {384, 256, 1024}});
+  check_step(GemmStep::mma_sync, core::DType::f16, {{128, 256, 32}, {256, 512, 160}, {384, 768, 1024}, {256, 256, 4096}});
 }
 
 TEST(GemmLadderGpu, WgmmaBf16) {
