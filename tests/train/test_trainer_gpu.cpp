@@ -78,7 +78,9 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   o.image_size = 64;
   o.batch = 24;
   o.steps = 150;
-  o.schedule.base = 0.1;
+  // The reference recipe's 0.1 is per 256 images; at 24 the classifier's step (lr x |features|^2,
+  // 512 features) overshoots: at 0.1 the loss rose during warmup (first 10 steps 4.85 > ln 6).
+  o.schedule.base = 0.02;
   o.schedule.warmup = 10;
   o.precision = "bf16";
   o.eval = true;
