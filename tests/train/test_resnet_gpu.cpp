@@ -176,11 +176,11 @@ TEST(ResNetGpu, AccumulatingTwoHalfWeightedPassesEqualsOneFull) {
 TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
+  const uint32_t seed = std::random_device{}();  // one batch for both: their errors compare
   for (core::DType dt : {core::DType::f16, core::DType::bf16}) {
     SCOPED_TRACE(std::string(core::dtype_name(dt)));
     ModelOptions o32 = tiny(core::DType::f32, 16), olow = tiny(dt, 16);
     ResNet ref(o32), low(olow);
-    const uint32_t seed = std::random_device{}();
     const Batch b32 = random_batch(o32, seed), blow = random_batch(olow, seed);
     ref.forward(b32.images.get(), true, s);
     low.forward(blow.images.get(), true, s);
@@ -191,9 +191,11 @@ TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
       num += (a[i] - c[i]) * (a[i] - c[i]);
       den += a[i] * a[i];
     }
-    // 18 layers of fp16 (bf16) rounding on the activations: a few 1e-3 (1e-2) relative.
+    // 18 layers of rounding on the activations, amplified by BatchNorm over 4 samples at layer4's
+    // 1x1: under 2e-2 for fp16. bf16 keeps 8 significant bits to fp16's 11, so its rounding error
+    // is 8 times fp16's, and so is its bar.
     std::printf("%s logits vs fp32: relative L2 %.4f\n", std::string(core::dtype_name(dt)).c_str(), std::sqrt(num / den));
-    EXPECT_LT(std::sqrt(num / den), dt == core::DType::f16 ? 2e-2 : 6e-2);
+    EXPECT_LT(std::sqrt(num / den), dt == core::DType::f16 ? 2e-2 : 8 * 2e-2);
   }
 }
 
