@@ -204,6 +204,8 @@ Optimizer::Optimizer(OptimizerConfig cfg, std::vector<ParamTensor> params, core:
   GPULAB_CHECK(cudaMemcpy(tensors_.get(), descs.data(), tensors_.bytes(), cudaMemcpyHostToDevice));
   GPULAB_CHECK(cudaMemcpy(chunks_.get(), chunks.data(), chunks_.bytes(), cudaMemcpyHostToDevice));
   GPULAB_CHECK(cudaMemset(device_state_.get(), 0, device_state_.bytes()));
+  // The memsets ran on the legacy stream, which the caller's non-blocking stream does not wait for.
+  GPULAB_CHECK(cudaDeviceSynchronize());
 }
 
 void Optimizer::step(float lr, const LossScaleState* scaler, cudaStream_t stream) {

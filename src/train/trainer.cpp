@@ -48,6 +48,9 @@ void fill_synthetic(const ModelOptions& m, void* images, int32_t* labels, uint64
   std::vector<int32_t> l(size_t(m.batch));
   for (auto& v : l) v = int32_t(rng.randint(0, m.net.classes));
   GPULAB_CHECK(cudaMemcpy(labels, l.data(), l.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  // Pageable uploads may return before their DMA lands, on the legacy stream that the training
+  // stream (non-blocking) does not wait for.
+  GPULAB_CHECK(cudaDeviceSynchronize());
 }
 
 // Top-1 and loss on DIR/val with the eval transform, every image once.
@@ -141,11 +144,14 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     GPULAB_CHECK(cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterDefault));
     pinned.push_back(p);
   };
+  // Unregistered before the loader frees its buffers (at the end of scope, or before evaluation).
   struct Unpin {
     std::vector<const void*>& p;
-    ~Unpin() {
+    void release() {
       for (const void* q : p) GPULAB_CHECK_NOTHROW(cudaHostUnregister(const_cast<void*>(q)));
+      p.clear();
     }
+    ~Unpin() { release(); }
   } unpin{pinned};
   core::Event copied(cudaEventDisableTiming);
   copied.record(stream);
@@ -203,6 +209,7 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     report.corrupt_files = loader->corrupt_files();
   }
   if (opt.eval && !opt.data.empty()) {
+    unpin.release();  // a registration outliving the freed buffers could alias the eval loader's
     loader.reset();
     evaluate(opt, prec.dtype, net, images.get(), labels.get(), stream, report);
   }

@@ -51,13 +51,22 @@ Batch random_batch(const ModelOptions& o, uint32_t seed) {
   GPULAB_CHECK(cudaMemcpy(b.images.get(), src, b.images.bytes(), cudaMemcpyHostToDevice));
   for (int i = 0; i < o.batch; ++i) b.host_labels.push_back(int32_t(gen() % o.net.classes));
   GPULAB_CHECK(cudaMemcpy(b.labels.get(), b.host_labels.data(), b.labels.bytes(), cudaMemcpyHostToDevice));
+  // A pageable upload may return before its DMA lands, and the model's non-blocking stream does
+  // not wait for the legacy stream.
+  GPULAB_CHECK(cudaDeviceSynchronize());
   return b;
 }
 
-std::vector<float> download(const float* d, size_t n) {
+// The model runs on a non-blocking stream: read its buffers only after that stream's work.
+std::vector<float> download(const float* d, size_t n, cudaStream_t s) {
   std::vector<float> h(n);
-  GPULAB_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  GPULAB_CHECK(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  GPULAB_CHECK(cudaStreamSynchronize(s));
   return h;
+}
+
+void poison_grads(ResNet& net, cudaStream_t s) {  // NaN everywhere: a pass that skips an element shows
+  GPULAB_CHECK(cudaMemsetAsync(net.grads(), 0xFF, size_t(net.param_count()) * 4, s));
 }
 
 float loss_at(ResNet& net, const Batch& b, cudaStream_t s) {
@@ -75,7 +84,7 @@ TEST(ResNetGpu, GradientsMatchFiniteDifferences) {
   ResNet net(o);
   const Batch b = random_batch(o, std::random_device{}());
   loss_at(net, b, s);
-  const std::vector<float> grads = download(net.grads(), size_t(net.param_count()));
+  const std::vector<float> grads = download(net.grads(), size_t(net.param_count()), s);
   for (float g : grads) ASSERT_TRUE(std::isfinite(g));
   // One element per checked tensor: the one with the largest gradient (least FD noise).
   const std::vector<std::string> names{"conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.conv1.weight",
@@ -92,9 +101,13 @@ TEST(ResNetGpu, GradientsMatchFiniteDifferences) {
     for (int64_t i = begin; i < begin + p.count; ++i)
       if (std::abs(grads[i]) > std::abs(grads[best])) best = i;
     float w;
-    GPULAB_CHECK(cudaMemcpy(&w, net.params() + best, 4, cudaMemcpyDeviceToHost));
+    GPULAB_CHECK(cudaMemcpyAsync(&w, net.params() + best, 4, cudaMemcpyDeviceToHost, s));
+    GPULAB_CHECK(cudaStreamSynchronize(s));
     const float h = 1e-3f * std::max(1.f, std::abs(w));
-    auto set = [&](float v) { GPULAB_CHECK(cudaMemcpy(net.params() + best, &v, 4, cudaMemcpyHostToDevice)); };
+    auto set = [&](float v) {
+      GPULAB_CHECK(cudaMemcpyAsync(net.params() + best, &v, 4, cudaMemcpyHostToDevice, s));
+      GPULAB_CHECK(cudaStreamSynchronize(s));
+    };
     set(w + h);
     const float up = loss_at(net, b, s);
     set(w - h);
@@ -119,22 +132,22 @@ TEST(ResNetGpu, ZeroClassifierGivesLogKLossAndHandComputedBiasGradient) {
   const Batch b = random_batch(o, std::random_device{}());
   const auto& specs = net.param_specs();
   const int64_t fc = net.param_count() - specs[specs.size() - 2].count - specs.back().count;
-  GPULAB_CHECK(cudaMemset(net.params() + fc, 0, size_t(net.param_count() - fc) * 4));
-  GPULAB_CHECK(cudaMemset(net.grads(), 0xFF, size_t(net.param_count()) * 4));  // poison (NaN)
+  GPULAB_CHECK(cudaMemsetAsync(net.params() + fc, 0, size_t(net.param_count() - fc) * 4, s));
+  poison_grads(net, s);
   net.forward(b.images.get(), true, s);
   net.backward(b.labels.get(), 1.f, false, nullptr, s);
   EXPECT_NEAR(net.last_loss(s), std::log(10.f), 1e-5);
-  const auto logits = download(net.logits(), size_t(o.batch) * 10);
+  const auto logits = download(net.logits(), size_t(o.batch) * 10, s);
   for (float z : logits) EXPECT_EQ(z, 0.f);
   // dL/db_c = mean_n (1/K - (1 - s)[c == y_n] - s/K).
-  const auto db = download(net.grads() + net.param_count() - 10, 10);
+  const auto db = download(net.grads() + net.param_count() - 10, 10, s);
   for (int c = 0; c < 10; ++c) {
     double want = 0;
     for (int32_t y : b.host_labels) want += 0.1 - (c == y ? 0.9 : 0.0) - 0.01;
     EXPECT_NEAR(db[c], want / o.batch, 1e-6) << "class " << c;
   }
   // With a zero classifier nothing flows below it: every other gradient is exactly zero.
-  const auto g = download(net.grads(), size_t(fc));
+  const auto g = download(net.grads(), size_t(fc), s);
   for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], 0.f) << i;
 }
 
@@ -146,13 +159,13 @@ TEST(ResNetGpu, AccumulatingTwoHalfWeightedPassesEqualsOneFull) {
   const Batch b = random_batch(o, std::random_device{}());
   net.forward(b.images.get(), true, s);
   net.backward(b.labels.get(), 1.f, false, nullptr, s);
-  const auto once = download(net.grads(), size_t(net.param_count()));
-  GPULAB_CHECK(cudaMemset(net.grads(), 0xFF, size_t(net.param_count()) * 4));  // the first pass must overwrite
+  const auto once = download(net.grads(), size_t(net.param_count()), s);
+  poison_grads(net, s);  // the first pass must overwrite
   for (int micro = 0; micro < 2; ++micro) {
     net.forward(b.images.get(), true, s);
     net.backward(b.labels.get(), 0.5f, micro > 0, nullptr, s);
   }
-  const auto twice = download(net.grads(), size_t(net.param_count()));
+  const auto twice = download(net.grads(), size_t(net.param_count()), s);
   int bad = 0;
   for (size_t i = 0; i < once.size(); ++i)
     if (!(std::abs(twice[i] - once[i]) <= 1e-6 + 1e-4 * std::abs(once[i])) && bad++ < 5)
@@ -163,23 +176,26 @@ TEST(ResNetGpu, AccumulatingTwoHalfWeightedPassesEqualsOneFull) {
 TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
+  const uint32_t seed = std::random_device{}();  // one batch for both: their errors compare
   for (core::DType dt : {core::DType::f16, core::DType::bf16}) {
     SCOPED_TRACE(std::string(core::dtype_name(dt)));
     ModelOptions o32 = tiny(core::DType::f32, 16), olow = tiny(dt, 16);
     ResNet ref(o32), low(olow);
-    const uint32_t seed = std::random_device{}();
     const Batch b32 = random_batch(o32, seed), blow = random_batch(olow, seed);
     ref.forward(b32.images.get(), true, s);
     low.forward(blow.images.get(), true, s);
-    const auto a = download(ref.logits(), 40), c = download(low.logits(), 40);
+    const auto a = download(ref.logits(), 40, s), c = download(low.logits(), 40, s);
     double num = 0, den = 0;
     for (size_t i = 0; i < a.size(); ++i) {
       ASSERT_TRUE(std::isfinite(c[i]));
       num += (a[i] - c[i]) * (a[i] - c[i]);
       den += a[i] * a[i];
     }
-    // 18 layers of fp16 (bf16) rounding on the activations: a few 1e-3 (1e-2) relative.
-    EXPECT_LT(std::sqrt(num / den), dt == core::DType::f16 ? 2e-2 : 6e-2);
+    // 18 layers of rounding on the activations, amplified by BatchNorm over 4 samples at layer4's
+    // 1x1: under 2e-2 for fp16. bf16 keeps 8 significant bits to fp16's 11, so its rounding error
+    // is 8 times fp16's, and so is its bar.
+    std::printf("%s logits vs fp32: relative L2 %.4f\n", std::string(core::dtype_name(dt)).c_str(), std::sqrt(num / den));
+    EXPECT_LT(std::sqrt(num / den), dt == core::DType::f16 ? 2e-2 : 8 * 2e-2);
   }
 }
 
@@ -215,7 +231,7 @@ TEST(ResNetGpu, LossHalvesOnAFixedBatchInEveryPrecision) {
       ASSERT_TRUE(std::isfinite(losses.back())) << "step " << step;
     }
     net.forward(b.images.get(), false, s);  // eval mode: BN from the running statistics
-    for (float z : download(net.logits(), size_t(o.batch) * 10)) ASSERT_TRUE(std::isfinite(z));
+    for (float z : download(net.logits(), size_t(o.batch) * 10, s)) ASSERT_TRUE(std::isfinite(z));
     std::printf("%s loss: %.4f -> %.4f\n", std::string(core::dtype_name(dt)).c_str(), losses.front(), losses.back());
     EXPECT_LT(losses.back(), 0.5f * losses.front());
     // fp16: the first steps at scale 65536 may overflow and be skipped (each halves the scale);
@@ -235,8 +251,8 @@ TEST(ResNetGpu, LossAndBiasGradientMatchCpuFromTheLogits) {
   ResNet net(o);
   const Batch b = random_batch(o, std::random_device{}());
   net.forward(b.images.get(), true, s);
-  const auto z = download(net.logits(), size_t(o.batch) * 10);
-  GPULAB_CHECK(cudaMemset(net.grads(), 0xFF, size_t(net.param_count()) * 4));
+  const auto z = download(net.logits(), size_t(o.batch) * 10, s);
+  poison_grads(net, s);
   net.backward(b.labels.get(), 0.25f, false, nullptr, s);  // loss_weight scales the gradients only
   double loss = 0;
   std::vector<double> db(10, 0.0);
@@ -251,11 +267,11 @@ TEST(ResNetGpu, LossAndBiasGradientMatchCpuFromTheLogits) {
     for (int c = 0; c < 10; ++c) db[c] += (std::exp(row[c] - lse) - (c == y ? 0.8 : 0.0) - 0.02) * 0.25 / o.batch;
   }
   EXPECT_NEAR(net.last_loss(s), loss / o.batch, 1e-5 * std::max(1.0, loss / o.batch));
-  const auto got = download(net.grads() + net.param_count() - 10, 10);
+  const auto got = download(net.grads() + net.param_count() - 10, 10, s);
   for (int c = 0; c < 10; ++c) EXPECT_NEAR(got[c], db[c], 1e-6 + 1e-4 * std::abs(db[c])) << "class " << c;
   // The score-only path gives the same loss without touching the gradients.
-  const auto grads_before = download(net.grads(), size_t(net.param_count()));
+  const auto grads_before = download(net.grads(), size_t(net.param_count()), s);
   net.score(b.labels.get(), s);
   EXPECT_NEAR(net.last_loss(s), loss / o.batch, 1e-5 * std::max(1.0, loss / o.batch));
-  EXPECT_EQ(download(net.grads(), size_t(net.param_count())), grads_before);
+  EXPECT_EQ(download(net.grads(), size_t(net.param_count()), s), grads_before);
 }

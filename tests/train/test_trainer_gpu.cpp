@@ -78,7 +78,9 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   o.image_size = 64;
   o.batch = 24;
   o.steps = 150;
-  o.schedule.base = 0.1;
+  // The reference recipe's 0.1 is per 256 images; at 24 the classifier's step (lr x |features|^2,
+  // 512 features) overshoots: at 0.1 the loss rose during warmup (first 10 steps 4.85 > ln 6).
+  o.schedule.base = 0.02;
   o.schedule.warmup = 10;
   o.precision = "bf16";
   o.eval = true;
@@ -95,6 +97,13 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
     last += losses[losses.size() - 1 - i];
   }
   std::printf("shapes: mean loss of the first 10 steps %.3f, of the last 10 %.3f\n", first / 10, last / 10);
+  std::printf("shapes: mean loss per 15 steps:");  // shows an early blow-up or a slow descent
+  for (size_t i = 0; i + 15 <= losses.size(); i += 15) {
+    double w = 0;
+    for (size_t k = i; k < i + 15; ++k) w += losses[k];
+    std::printf(" %.3f", w / 15);
+  }
+  std::printf("\n");
   // Chance is ln 6 = 1.79; a learnable dataset must be well below it after 150 steps.
   EXPECT_LT(last / 10, 0.6 * first / 10);
   // Held-out images, eval transform, BN running statistics: well above chance (1/6).
