@@ -161,6 +161,7 @@ class Analyzer {
   };
   struct Gap {
     int64_t start, end;
+    int64_t busy_start;  // start of the busy stretch that the gap follows
     const Activity* next;
   };
   struct Attributed {
@@ -170,7 +171,7 @@ class Analyzer {
 
   void index();
   const ApiCall* top_level_call(const ApiCall* call) const;
-  const ApiCall* previous_call(const ApiCall* top) const;
+  const ApiCall* call_waiting_at(const ApiCall* top, int64_t idle_from) const;
   bool um_host_activity(const Interval& window) const;
   int64_t api_time(int64_t thread, const Interval& w) const;
   void attribute_gaps();
@@ -221,7 +222,8 @@ void Analyzer::index() {
   size_t a = 0;
   for (size_t i = 1; i < busy_.size(); ++i) {
     while (a < activities_.size() && activities_[a].start < busy_[i].start) ++a;
-    gaps_.push_back({busy_[i - 1].end, busy_[i].start, a < activities_.size() ? &activities_[a] : nullptr});
+    gaps_.push_back(
+        {busy_[i - 1].end, busy_[i].start, busy_[i - 1].start, a < activities_.size() ? &activities_[a] : nullptr});
   }
 
   for (const auto& c : t_.api_calls)
@@ -252,9 +254,13 @@ const ApiCall* Analyzer::top_level_call(const ApiCall* call) const {
   return *std::prev(pos);
 }
 
-const ApiCall* Analyzer::previous_call(const ApiCall* top) const {
+// The last top-level call on `top`'s thread before it that began before the GPU went idle at
+// `idle_from`: what the host was doing as the GPU drained. Calls made inside the gap (an error
+// check, a quick synchronize of an idle GPU) are skipped: they did not keep the host from
+// queueing work in time.
+const ApiCall* Analyzer::call_waiting_at(const ApiCall* top, int64_t idle_from) const {
   const auto& calls = top_calls_.at(top->thread);
-  auto pos = std::lower_bound(calls.begin(), calls.end(), top->start_ns,
+  auto pos = std::lower_bound(calls.begin(), calls.end(), std::min(top->start_ns, idle_from),
                               [](const ApiCall* c, int64_t t) { return c->start_ns < t; });
   return pos == calls.begin() ? nullptr : *std::prev(pos);
 }
@@ -287,9 +293,13 @@ void Analyzer::attribute_gaps() {
     const auto found = by_correlation_.find(g.next->correlation);
     if (found == by_correlation_.end()) continue;
     const ApiCall* launch = top_level_call(found->second);
-    const ApiCall* prev = previous_call(launch);
+    const ApiCall* prev = call_waiting_at(launch, g.start);
     const Blocking blocked = prev ? blocking_kind(prev->name) : Blocking::none;
-    const bool blocked_here = blocked != Blocking::none && prev->end_ns >= g.start;
+    // The host sat in a blocking call while the GPU ran its last work before the gap. Asking for an
+    // overlap with that busy stretch rather than "returned after the gap began" keeps the test
+    // immune to the GPU-to-host clock conversion, which can put the call's return a few
+    // microseconds before the end of the kernel it waited for.
+    const bool blocked_here = blocked != Blocking::none && prev->end_ns > g.busy_start;
     const bool next_short = g.next->end - g.next->start < short_ns;
     const auto launch_tail = [&](int64_t from) {
       if (next_short && g.end - from <= max_gap) attributed_.push_back({{from, g.end}, "launch_bound"});
