@@ -161,7 +161,7 @@ class Analyzer {
   };
   struct Gap {
     int64_t start, end;
-    int64_t busy_start;  // start of the busy stretch that the gap follows
+    int64_t last_work_start;  // start of the work whose end opened the gap
     const Activity* next;
   };
   struct Attributed {
@@ -219,11 +219,19 @@ void Analyzer::index() {
     for (const auto& a : activities_) span_.end = std::max(span_.end, a.end);
   }
   // The gap before each busy interval, paired with the activity that ends it.
+  std::vector<int64_t> last_start(busy_.size(), 0);
+  for (const auto& act : activities_) {
+    const auto it = std::upper_bound(busy_.begin(), busy_.end(), act.start,
+                                     [](int64_t t, const Interval& b) { return t < b.start; });
+    if (it == busy_.begin()) continue;
+    const size_t i = size_t(std::prev(it) - busy_.begin());
+    if (act.end == busy_[i].end) last_start[i] = std::max(last_start[i], act.start);
+  }
   size_t a = 0;
   for (size_t i = 1; i < busy_.size(); ++i) {
     while (a < activities_.size() && activities_[a].start < busy_[i].start) ++a;
     gaps_.push_back(
-        {busy_[i - 1].end, busy_[i].start, busy_[i - 1].start, a < activities_.size() ? &activities_[a] : nullptr});
+        {busy_[i - 1].end, busy_[i].start, last_start[i - 1], a < activities_.size() ? &activities_[a] : nullptr});
   }
 
   for (const auto& c : t_.api_calls)
@@ -295,11 +303,15 @@ void Analyzer::attribute_gaps() {
     const ApiCall* launch = top_level_call(found->second);
     const ApiCall* prev = call_waiting_at(launch, g.start);
     const Blocking blocked = prev ? blocking_kind(prev->name) : Blocking::none;
-    // The host sat in a blocking call while the GPU ran its last work before the gap. Asking for an
-    // overlap with that busy stretch rather than "returned after the gap began" keeps the test
-    // immune to the GPU-to-host clock conversion, which can put the call's return a few
+    // The host sat in a blocking call while the GPU's last work before the gap ran, and issued the
+    // launch straight after it returned (less than min_host of its own work in between). Not
+    // "returned after the gap began": the GPU-to-host clock conversion can put the return a few
     // microseconds before the end of the kernel it waited for.
-    const bool blocked_here = blocked != Blocking::none && prev->end_ns > g.busy_start;
+    bool blocked_here = false;
+    if (blocked != Blocking::none && prev->end_ns > g.last_work_start) {
+      const Interval since{prev->end_ns, launch->start_ns};
+      blocked_here = since.length() - api_time(launch->thread, since) < min_host;
+    }
     const bool next_short = g.next->end - g.next->start < short_ns;
     const auto launch_tail = [&](int64_t from) {
       if (next_short && g.end - from <= max_gap) attributed_.push_back({{from, g.end}, "launch_bound"});
