@@ -171,7 +171,7 @@ class Analyzer {
 
   void index();
   const ApiCall* top_level_call(const ApiCall* call) const;
-  const ApiCall* call_waiting_at(const ApiCall* top, int64_t idle_from) const;
+  const ApiCall* blocking_call_before(const ApiCall* launch, const Gap& g) const;
   bool um_host_activity(const Interval& window) const;
   int64_t api_time(int64_t thread, const Interval& w) const;
   void attribute_gaps();
@@ -262,15 +262,20 @@ const ApiCall* Analyzer::top_level_call(const ApiCall* call) const {
   return *std::prev(pos);
 }
 
-// The last top-level call on `top`'s thread before it that began before the GPU went idle at
-// `idle_from`: what the host was doing as the GPU drained. Calls made inside the gap (an error
-// check, a quick synchronize of an idle GPU) are skipped: they did not keep the host from
-// queueing work in time.
-const ApiCall* Analyzer::call_waiting_at(const ApiCall* top, int64_t idle_from) const {
-  const auto& calls = top_calls_.at(top->thread);
-  auto pos = std::lower_bound(calls.begin(), calls.end(), std::min(top->start_ns, idle_from),
+// The blocking call the host sat in as the GPU drained before gap `g`: the latest blocking
+// top-level call on the launch's thread that began before the gap and was still waiting when the
+// GPU's last work before it began. Calls made inside the gap (an error check, a quick synchronize
+// of an already idle GPU) and non-blocking ones next to the wait are passed over.
+const ApiCall* Analyzer::blocking_call_before(const ApiCall* launch, const Gap& g) const {
+  const auto& calls = top_calls_.at(launch->thread);
+  auto pos = std::lower_bound(calls.begin(), calls.end(), std::min(launch->start_ns, g.start),
                               [](const ApiCall* c, int64_t t) { return c->start_ns < t; });
-  return pos == calls.begin() ? nullptr : *std::prev(pos);
+  while (pos != calls.begin()) {
+    const ApiCall* c = *--pos;
+    if (c->end_ns <= g.last_work_start) break;  // and so did every earlier call
+    if (blocking_kind(c->name) != Blocking::none) return c;
+  }
+  return nullptr;
 }
 
 // Time a thread spent inside CUDA API calls during `w`.
@@ -301,14 +306,13 @@ void Analyzer::attribute_gaps() {
     const auto found = by_correlation_.find(g.next->correlation);
     if (found == by_correlation_.end()) continue;
     const ApiCall* launch = top_level_call(found->second);
-    const ApiCall* prev = call_waiting_at(launch, g.start);
+    const ApiCall* prev = blocking_call_before(launch, g);
     const Blocking blocked = prev ? blocking_kind(prev->name) : Blocking::none;
-    // The host sat in a blocking call while the GPU's last work before the gap ran, and issued the
-    // launch straight after it returned (less than min_host of its own work in between). Not
-    // "returned after the gap began": the GPU-to-host clock conversion can put the return a few
-    // microseconds before the end of the kernel it waited for.
+    // ... and the launch came straight after it returned (less than min_host of host work in
+    // between). Not "returned after the gap began": the GPU-to-host clock conversion can put the
+    // return a few microseconds before the end of the kernel it waited for.
     bool blocked_here = false;
-    if (blocked != Blocking::none && prev->end_ns > g.last_work_start) {
+    if (prev) {
       const Interval since{prev->end_ns, launch->start_ns};
       blocked_here = since.length() - api_time(launch->thread, since) < min_host;
     }

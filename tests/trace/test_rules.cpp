@@ -110,10 +110,11 @@ Synthetic blocking(const std::string& what) {
     if (what == "sync")
       s.api("cudaDeviceSynchronize", l + 3, l + 38);
     else if (what == "sync_skewed") {
-      // As the H200 trace shows it: the return lands 2 us before the kernel's converted end, and
-      // an error check runs inside the gap before the next launch.
+      // The return lands 2 us before the kernel's converted end (GPU-to-host clock conversion),
+      // and error checks run after it, one before and one inside the gap, before the next launch.
       s.api("cudaDeviceSynchronize", l + 3, l + 33);
-      s.api("cudaGetLastError", l + 35.5, l + 36);
+      s.api("cudaGetLastError", l + 33.5, l + 34);
+      s.api("cudaPeekAtLastError", l + 35.5, l + 36);
     }
     else if (what == "memcpy" || what == "memcpy_async")
       s.copy(what == "memcpy" ? "cudaMemcpy" : "cudaMemcpyAsync", l + 3, what == "memcpy" ? l + 38 : l + 4, l + 35.5, 2,
@@ -155,6 +156,19 @@ TEST(Rules, SyncIssuedIntoAnIdleGpuIsNotTheCause) {
     const double l = i * 40.0;
     s.api("cudaStreamSynchronize", l - 4, l - 2);
     s.kernel(l, l + 5, 30);
+  }
+  const Report r = analyze(s.t);
+  EXPECT_EQ(find_rule(r, "sync_api"), nullptr) << rules_text(r);
+}
+
+TEST(Rules, SyncReturningLongBeforeTheLaunchIsNotTheCause) {
+  // Each 1 ms kernel is waited for only briefly (a synchronize that returns after 90 us, as for an
+  // event), then the host works 900 us and launches the next kernel 10 us after the GPU drained.
+  Synthetic s;
+  for (int i = 0; i < 50; ++i) {
+    const double p = i * 1100.0;
+    s.kernel(p - 90, p, 1000);
+    s.api("cudaEventSynchronize", p + 10, p + 100);
   }
   const Report r = analyze(s.t);
   EXPECT_EQ(find_rule(r, "sync_api"), nullptr) << rules_text(r);
