@@ -308,9 +308,9 @@ void Analyzer::attribute_gaps() {
     const ApiCall* launch = top_level_call(found->second);
     const ApiCall* prev = blocking_call_before(launch, g);
     const Blocking blocked = prev ? blocking_kind(prev->name) : Blocking::none;
-    // ... and the launch came straight after it returned (less than min_host of host work in
-    // between). Not "returned after the gap began": the GPU-to-host clock conversion can put the
-    // return a few microseconds before the end of the kernel it waited for.
+    // That call explains the gap when the launch came straight after it returned (less than
+    // min_host of host work in between). Not "returned after the gap began": the GPU-to-host clock
+    // conversion can put the return a few microseconds before the end of the kernel it waited for.
     bool blocked_here = false;
     if (prev) {
       const Interval since{prev->end_ns, launch->start_ns};
