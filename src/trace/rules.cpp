@@ -161,6 +161,7 @@ class Analyzer {
   };
   struct Gap {
     int64_t start, end;
+    int64_t last_work_start;  // start of the work whose end opened the gap
     const Activity* next;
   };
   struct Attributed {
@@ -170,7 +171,7 @@ class Analyzer {
 
   void index();
   const ApiCall* top_level_call(const ApiCall* call) const;
-  const ApiCall* previous_call(const ApiCall* top) const;
+  const ApiCall* blocking_call_before(const ApiCall* launch, const Gap& g) const;
   bool um_host_activity(const Interval& window) const;
   int64_t api_time(int64_t thread, const Interval& w) const;
   void attribute_gaps();
@@ -218,10 +219,19 @@ void Analyzer::index() {
     for (const auto& a : activities_) span_.end = std::max(span_.end, a.end);
   }
   // The gap before each busy interval, paired with the activity that ends it.
+  std::vector<int64_t> last_start(busy_.size(), 0);
+  for (const auto& act : activities_) {
+    const auto it = std::upper_bound(busy_.begin(), busy_.end(), act.start,
+                                     [](int64_t t, const Interval& b) { return t < b.start; });
+    if (it == busy_.begin()) continue;
+    const size_t i = size_t(std::prev(it) - busy_.begin());
+    if (act.end == busy_[i].end) last_start[i] = std::max(last_start[i], act.start);
+  }
   size_t a = 0;
   for (size_t i = 1; i < busy_.size(); ++i) {
     while (a < activities_.size() && activities_[a].start < busy_[i].start) ++a;
-    gaps_.push_back({busy_[i - 1].end, busy_[i].start, a < activities_.size() ? &activities_[a] : nullptr});
+    gaps_.push_back(
+        {busy_[i - 1].end, busy_[i].start, last_start[i - 1], a < activities_.size() ? &activities_[a] : nullptr});
   }
 
   for (const auto& c : t_.api_calls)
@@ -252,11 +262,20 @@ const ApiCall* Analyzer::top_level_call(const ApiCall* call) const {
   return *std::prev(pos);
 }
 
-const ApiCall* Analyzer::previous_call(const ApiCall* top) const {
-  const auto& calls = top_calls_.at(top->thread);
-  auto pos = std::lower_bound(calls.begin(), calls.end(), top->start_ns,
+// The blocking call the host sat in as the GPU drained before gap `g`: the latest blocking
+// top-level call on the launch's thread that began before the gap and was still waiting when the
+// GPU's last work before it began. Calls made inside the gap (an error check, a quick synchronize
+// of an already idle GPU) and non-blocking ones next to the wait are passed over.
+const ApiCall* Analyzer::blocking_call_before(const ApiCall* launch, const Gap& g) const {
+  const auto& calls = top_calls_.at(launch->thread);
+  auto pos = std::lower_bound(calls.begin(), calls.end(), std::min(launch->start_ns, g.start),
                               [](const ApiCall* c, int64_t t) { return c->start_ns < t; });
-  return pos == calls.begin() ? nullptr : *std::prev(pos);
+  while (pos != calls.begin()) {
+    const ApiCall* c = *--pos;
+    if (c->end_ns <= g.last_work_start) break;  // and so did every earlier call
+    if (blocking_kind(c->name) != Blocking::none) return c;
+  }
+  return nullptr;
 }
 
 // Time a thread spent inside CUDA API calls during `w`.
@@ -287,9 +306,16 @@ void Analyzer::attribute_gaps() {
     const auto found = by_correlation_.find(g.next->correlation);
     if (found == by_correlation_.end()) continue;
     const ApiCall* launch = top_level_call(found->second);
-    const ApiCall* prev = previous_call(launch);
+    const ApiCall* prev = blocking_call_before(launch, g);
     const Blocking blocked = prev ? blocking_kind(prev->name) : Blocking::none;
-    const bool blocked_here = blocked != Blocking::none && prev->end_ns >= g.start;
+    // That call explains the gap when the launch came straight after it returned (less than
+    // min_host of host work in between). Not "returned after the gap began": the GPU-to-host clock
+    // conversion can put the return a few microseconds before the end of the kernel it waited for.
+    bool blocked_here = false;
+    if (prev) {
+      const Interval since{prev->end_ns, launch->start_ns};
+      blocked_here = since.length() - api_time(launch->thread, since) < min_host;
+    }
     const bool next_short = g.next->end - g.next->start < short_ns;
     const auto launch_tail = [&](int64_t from) {
       if (next_short && g.end - from <= max_gap) attributed_.push_back({{from, g.end}, "launch_bound"});

@@ -109,6 +109,13 @@ Synthetic blocking(const std::string& what) {
     s.kernel(l, l + 5, 30);
     if (what == "sync")
       s.api("cudaDeviceSynchronize", l + 3, l + 38);
+    else if (what == "sync_skewed") {
+      // The return lands 2 us before the kernel's converted end (GPU-to-host clock conversion),
+      // and error checks run after it, one before and one inside the gap, before the next launch.
+      s.api("cudaDeviceSynchronize", l + 3, l + 33);
+      s.api("cudaGetLastError", l + 33.5, l + 34);
+      s.api("cudaPeekAtLastError", l + 35.5, l + 36);
+    }
     else if (what == "memcpy" || what == "memcpy_async")
       s.copy(what == "memcpy" ? "cudaMemcpy" : "cudaMemcpyAsync", l + 3, what == "memcpy" ? l + 38 : l + 4, l + 35.5, 2,
              CopyKind::dtoh, MemoryKind::device, MemoryKind::pinned, 4096);
@@ -132,6 +139,39 @@ TEST(Rules, SyncApiAfterEveryKernel) {
   EXPECT_NEAR(r.findings[0].time_lost_ms, 499 * 0.0085, 1e-3);  // ms rounded to 1 us
   EXPECT_EQ(r.findings[0].evidence["calls"].get<int>(), 500);
   EXPECT_EQ(r.findings[0].evidence["top_calls"][0]["name"], "cudaDeviceSynchronize");
+}
+
+TEST(Rules, SyncApiDespiteClockSkewAndAnErrorCheckInTheGap) {
+  const Report r = analyze(blocking("sync_skewed").t);
+  expect_top(r, "sync_api", Severity::high);
+  EXPECT_NEAR(r.findings[0].time_lost_ms, 499 * 0.0085, 1e-3);
+  EXPECT_EQ(r.findings[0].evidence["gaps_after_blocking_call"].get<int>(), 499);
+}
+
+TEST(Rules, SyncIssuedIntoAnIdleGpuIsNotTheCause) {
+  // Kernels of 30 us queued 40 us apart: each gap opens before the host synchronizes and
+  // launches, so the synchronize (begun inside the gap) did not drain anything.
+  Synthetic s;
+  for (int i = 0; i < 500; ++i) {
+    const double l = i * 40.0;
+    s.api("cudaStreamSynchronize", l - 4, l - 2);
+    s.kernel(l, l + 5, 30);
+  }
+  const Report r = analyze(s.t);
+  EXPECT_EQ(find_rule(r, "sync_api"), nullptr) << rules_text(r);
+}
+
+TEST(Rules, SyncReturningLongBeforeTheLaunchIsNotTheCause) {
+  // Each 1 ms kernel is waited for only briefly (a synchronize that returns after 90 us, as for an
+  // event), then the host works 900 us and launches the next kernel 10 us after the GPU drained.
+  Synthetic s;
+  for (int i = 0; i < 50; ++i) {
+    const double p = i * 1100.0;
+    s.kernel(p - 90, p, 1000);
+    s.api("cudaEventSynchronize", p + 10, p + 100);
+  }
+  const Report r = analyze(s.t);
+  EXPECT_EQ(find_rule(r, "sync_api"), nullptr) << rules_text(r);
 }
 
 TEST(Rules, NoSyncNoSyncFinding) {

@@ -124,11 +124,15 @@ void Collector::add_records(uint8_t* buffer, size_t valid) {
   std::lock_guard lock(mutex_);
   if (finished_) return;
   CUpti_Activity* record = nullptr;
+  // A forced flush (finalize, e.g. at the --duration deadline) also hands over records of work
+  // still queued or running, with zero timestamps: they did not happen inside the traced window.
+  const auto incomplete = [](uint64_t start, uint64_t end) { return start == 0 || end == 0 || end < start; };
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* r = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        if (incomplete(r->start, r->end)) break;
         Kernel k;
         k.name = demangle(r->name);
         k.start_ns = int64_t(r->start);
@@ -145,6 +149,7 @@ void Collector::add_records(uint8_t* buffer, size_t valid) {
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* r = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        if (incomplete(r->start, r->end)) break;
         Memcpy m;
         m.start_ns = int64_t(r->start);
         m.end_ns = int64_t(r->end);
@@ -160,6 +165,7 @@ void Collector::add_records(uint8_t* buffer, size_t valid) {
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* r = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        if (incomplete(r->start, r->end)) break;
         Memset m;
         m.start_ns = int64_t(r->start);
         m.end_ns = int64_t(r->end);
@@ -174,6 +180,7 @@ void Collector::add_records(uint8_t* buffer, size_t valid) {
       case CUPTI_ACTIVITY_KIND_RUNTIME:
       case CUPTI_ACTIVITY_KIND_DRIVER: {
         const auto* r = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+        if (incomplete(r->start, r->end)) break;
         const bool driver = record->kind == CUPTI_ACTIVITY_KIND_DRIVER;
         ApiCall c;
         c.name = api_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, r->cbid);
@@ -187,6 +194,7 @@ void Collector::add_records(uint8_t* buffer, size_t valid) {
       }
       case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
         const auto* r = reinterpret_cast<const CUpti_ActivityUnifiedMemoryCounter3*>(record);
+        if (r->start == 0) break;  // end is 0 for instantaneous counters (faults)
         UmEvent u;
         switch (r->counterKind) {
           case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD: u.kind = UmKind::htod_migration; break;
