@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "llm/cuda_engine.h"
 #include "llm/scheduler.h"
@@ -38,25 +39,6 @@ struct GenerateOptions {
   int threads = 0;
 };
 
-std::vector<int32_t> parse_id_list(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v < 0 || v > INT32_MAX)
-      throw core::InputError("--ids: \"" + item + "\" is not a token id (want e.g. --ids 1,2,3)");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  return ids;
-}
-
 int run_generate(const GenerateOptions& opt) {
   if (!opt.dummy_weights && opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME)");
   if (opt.dummy_weights && opt.config.empty()) throw core::InputError("--dummy-weights needs --config FILE|NAME");
@@ -71,7 +53,7 @@ int run_generate(const GenerateOptions& opt) {
     throw core::InputError("--prompt needs a tokenizer: give --tokenizer FILE, or --ids with --dummy-weights");
   std::optional<llm::Tokenizer> tokenizer;
   if (!tokenizer_path.empty()) tokenizer = llm::Tokenizer::from_file(tokenizer_path);
-  const std::vector<int32_t> prompt = opt.prompt.empty() ? parse_id_list(opt.ids) : tokenizer->encode(opt.prompt, true);
+  const std::vector<int32_t> prompt = opt.prompt.empty() ? parse_token_ids(opt.ids) : tokenizer->encode(opt.prompt, true);
 
   std::unique_ptr<llm::Engine> engine;
   const int64_t longest = static_cast<int64_t>(prompt.size()) + opt.max_tokens;

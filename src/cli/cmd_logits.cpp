@@ -23,26 +23,6 @@ struct LogitsOptions {
   std::string out;
 };
 
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v < 0 || v > INT32_MAX)
-      throw core::InputError("--ids: \"" + item + "\" is not a token id (want e.g. --ids 1,2,3)");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) throw core::InputError("--ids: no token ids given");
-  return ids;
-}
-
 // The logits of every position: one engine step over the whole prompt.
 std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<int32_t>& ids) {
   const llm::WeightSource weights = load_weights(opt.model);
@@ -58,7 +38,7 @@ std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<in
 }
 
 int run_logits(const LogitsOptions& opt) {
-  const std::vector<int32_t> ids = parse_ids(opt.ids);
+  const std::vector<int32_t> ids = parse_token_ids(opt.ids);
   const std::vector<float> logits = compute_logits(opt, ids);
   const int64_t T = static_cast<int64_t>(ids.size()), V = static_cast<int64_t>(logits.size()) / T;
   if (!opt.out.empty()) {

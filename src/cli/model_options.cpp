@@ -1,5 +1,8 @@
 #include "cli/model_options.h"
 
+#include <climits>
+#include <sstream>
+
 #include "core/error.h"
 
 namespace gpulab::cli {
@@ -40,6 +43,26 @@ llm::Tokenizer load_tokenizer(const ModelOptions& opt) {
     throw core::InputError("give --tokenizer FILE: --dummy-weights has no tokenizer of its own");
   if (opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME --tokenizer FILE)");
   return llm::Tokenizer::from_file(opt.model);
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < 0 || v > INT32_MAX)
+      throw core::InputError("--ids: \"" + item + "\" is not a token id (want e.g. --ids 1,2,3)");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw core::InputError("--ids: no token ids given");
+  return ids;
 }
 
 }  // namespace gpulab::cli

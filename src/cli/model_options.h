@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "llm/make_engine.h"
 #include "llm/tokenizer.h"
@@ -21,5 +22,7 @@ struct ModelOptions {
 void add_model_options(CLI::App& sub, ModelOptions& opt);
 llm::WeightSource load_weights(const ModelOptions& opt);
 llm::Tokenizer load_tokenizer(const ModelOptions& opt);
+// "1,2,3" -> token ids; InputError naming the bad item (or an empty list).
+std::vector<int32_t> parse_token_ids(const std::string& text);
 
 }  // namespace gpulab::cli

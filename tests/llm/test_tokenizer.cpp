@@ -32,24 +32,6 @@ std::vector<int32_t> concat(std::initializer_list<std::vector<int32_t>> parts) {
   return out;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 // Random valid UTF-8: ASCII-heavy, with whitespace of every kind, accents, CJK, emoji, and
 // combining marks; never U+2581 (which the SentencePiece-style decoder turns into a space).
 std::string random_text(std::mt19937& rng, size_t max_chars) {
@@ -63,7 +45,7 @@ std::string random_text(std::mt19937& rng, size_t max_chars) {
     const auto& [lo, hi] = kRanges[std::uniform_int_distribution<size_t>(0, kRanges.size() - 1)(rng)];
     const uint32_t cp = std::uniform_int_distribution<uint32_t>(lo, hi)(rng);
     if (cp >= 0xD800 && cp <= 0xDFFF) continue;
-    append_utf8(s, cp);
+    gpulab::llm::detail::append_utf8(s, cp);
   }
   return s;
 }
