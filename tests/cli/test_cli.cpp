@@ -36,6 +36,47 @@ static CliRun run(const std::string& args) {
 
 static const std::string kData = GPULAB_TEST_DATA;
 
+static std::string fixture_ids(int case_index, nlohmann::json* greedy = nullptr) {
+  std::ifstream in(kData + "/llama_tiny/expected.json");
+  const auto c = nlohmann::json::parse(in)["cases"][case_index];
+  if (greedy) *greedy = c["greedy_fp32"];
+  std::string ids;
+  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  return ids;
+}
+
+// Runs `gpulab logits` on fixture case `case_index` and returns its logits beside transformers'.
+struct LogitsPair {
+  std::vector<float> got, want;
+};
+static LogitsPair logits_vs_fixture(int case_index, const std::string& device) {
+  std::ifstream in(kData + "/llama_tiny/expected.json");
+  const auto c = nlohmann::json::parse(in)["cases"][case_index];
+  const fs::path out = fs::temp_directory_path() / ("gpulab_cli_logits_" + device + std::to_string(::getpid()) + ".safetensors");
+  const CliRun r = run("logits --device " + device + " --model " + kData + "/llama_tiny --ids " + fixture_ids(case_index) +
+                       " --out " + out.string());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  if (r.exit_code != 0) return {};
+  const gpulab::core::SafetensorsFile got(out);
+  const gpulab::core::SafetensorsFile want(kData + "/llama_tiny/expected.safetensors");
+  const auto* g = got.find("logits");
+  const auto* w = want.find(c["logits"].get<std::string>());
+  EXPECT_TRUE(g && w);
+  EXPECT_EQ(got.tensors().size(), 1u);
+  if (!g || !w || g->dtype != gpulab::core::DType::f32 || g->shape != w->shape) {
+    ADD_FAILURE() << "logits tensor missing or of the wrong dtype/shape";
+    return {};
+  }
+  LogitsPair pair;
+  const auto* gv = reinterpret_cast<const float*>(got.data(*g).data());
+  const auto* wv = reinterpret_cast<const float*>(want.data(*w).data());
+  pair.got.assign(gv, gv + g->numel());
+  pair.want.assign(wv, wv + w->numel());
+  fs::remove(out);
+  return pair;
+}
+
+
 TEST(Cli, HelpListsEveryPlannedCommand) {
   const CliRun r = run("--help");
   EXPECT_EQ(r.exit_code, 0);
@@ -117,30 +158,14 @@ TEST(Cli, InfoJsonOnDevice) {
 }
 
 TEST(Cli, LogitsCpuWritesTheFixtureLogits) {
-  std::ifstream in(kData + "/llama_tiny/expected.json");
-  const auto c = nlohmann::json::parse(in)["cases"][0];
-  std::string ids;
-  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
-  const fs::path out = fs::temp_directory_path() / ("gpulab_cli_logits_" + std::to_string(::getpid()) + ".safetensors");
-  const CliRun r = run("logits --model " + kData + "/llama_tiny --ids " + ids + " --out " + out.string());
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const gpulab::core::SafetensorsFile got(out);
-  const gpulab::core::SafetensorsFile want(kData + "/llama_tiny/expected.safetensors");
-  const auto* g = got.find("logits");
-  const auto* w = want.find(c["logits"].get<std::string>());
-  ASSERT_TRUE(g && w);
-  ASSERT_EQ(g->dtype, gpulab::core::DType::f32);
-  ASSERT_EQ(g->shape, w->shape);
-  ASSERT_EQ(got.tensors().size(), 1u);
-  const auto* gv = reinterpret_cast<const float*>(got.data(*g).data());
-  const auto* wv = reinterpret_cast<const float*>(want.data(*w).data());
+  const LogitsPair p = logits_vs_fixture(0, "cpu");
+  ASSERT_FALSE(p.got.empty());
   float max_ref = 0, max_err = 0;
-  for (uint64_t i = 0; i < g->numel(); ++i) {
-    max_ref = std::max(max_ref, std::abs(wv[i]));
-    max_err = std::max(max_err, std::abs(gv[i] - wv[i]));
+  for (size_t i = 0; i < p.got.size(); ++i) {
+    max_ref = std::max(max_ref, std::abs(p.want[i]));
+    max_err = std::max(max_err, std::abs(p.got[i] - p.want[i]));
   }
   EXPECT_LE(max_err, 1e-3f * max_ref);
-  fs::remove(out);
 }
 
 TEST(Cli, LogitsBadInputsExit2) {
@@ -240,28 +265,14 @@ TEST(Cli, ServeFinishesInFlightRequestOnSigterm) {
 
 TEST(Cli, LogitsCudaNearTheFixture) {
   GPULAB_REQUIRE_GPU();
-  std::ifstream in(kData + "/llama_tiny/expected.json");
-  const auto c = nlohmann::json::parse(in)["cases"][1];
-  std::string ids;
-  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
-  const fs::path out = fs::temp_directory_path() / ("gpulab_cli_logits_cuda_" + std::to_string(::getpid()) + ".safetensors");
-  const CliRun r = run("logits --device cuda --model " + kData + "/llama_tiny --ids " + ids + " --out " + out.string());
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const gpulab::core::SafetensorsFile got(out);
-  const gpulab::core::SafetensorsFile want(kData + "/llama_tiny/expected.safetensors");
-  const auto* g = got.find("logits");
-  const auto* w = want.find(c["logits"].get<std::string>());
-  ASSERT_TRUE(g && w);
-  ASSERT_EQ(g->shape, w->shape);
-  const auto* gv = reinterpret_cast<const float*>(got.data(*g).data());
-  const auto* wv = reinterpret_cast<const float*>(want.data(*w).data());
+  const LogitsPair p = logits_vs_fixture(1, "cuda");
+  ASSERT_FALSE(p.got.empty());
   double num = 0, den = 0;
-  for (uint64_t i = 0; i < g->numel(); ++i) {
-    num += double(gv[i] - wv[i]) * (gv[i] - wv[i]);
-    den += double(wv[i]) * wv[i];
+  for (size_t i = 0; i < p.got.size(); ++i) {
+    num += double(p.got[i] - p.want[i]) * (p.got[i] - p.want[i]);
+    den += double(p.want[i]) * p.want[i];
   }
   EXPECT_LE(std::sqrt(num / den), 2e-2);
-  fs::remove(out);
 }
 
 TEST(Cli, LogitsCudaWithoutDeviceExits3) {
@@ -289,15 +300,6 @@ TEST(Cli, DatasetMakeThenScanCatchesPlantedCorruptFile) {
   EXPECT_EQ(run("dataset scan --strict " + dir.string()).exit_code, 2);
   EXPECT_EQ(run("dataset make " + dir.string()).exit_code, 2);  // refuses a non-empty folder
   fs::remove_all(dir);
-}
-
-static std::string fixture_ids(int case_index, nlohmann::json* greedy = nullptr) {
-  std::ifstream in(kData + "/llama_tiny/expected.json");
-  const auto c = nlohmann::json::parse(in)["cases"][case_index];
-  if (greedy) *greedy = c["greedy_fp32"];
-  std::string ids;
-  for (const auto& id : c["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
-  return ids;
 }
 
 TEST(Cli, GenerateCpuReproducesTheFixtureGreedy) {
