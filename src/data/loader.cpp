@@ -70,7 +70,6 @@ void Loader::fill(int64_t batch, int slot_in_batch, Batch& out) {
       if (k) {
         std::lock_guard lock(mutex_);
         out.skipped += int(k);
-        skipped_total_ += k;
       }
       return;
     } catch (const CorruptImageError&) {
@@ -124,6 +123,8 @@ const Batch& Loader::next() {
   if (error_) std::rethrow_exception(error_);
   holding_ = true;
   Batch& b = slots_[slot];
+  // Counted when handed out, not when filled: workers run ahead into batches not yet delivered.
+  skipped_total_ += b.skipped;
   b.index = consumed_;
   b.epoch = consumed_ / batches_per_epoch_;
   return b;

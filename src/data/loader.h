@@ -49,7 +49,7 @@ class Loader {
   // Batches per epoch. train: full batches only (floor); eval: every image once (ceil), the
   // last batch filled up by wrapping to the epoch's first images, which the caller ignores.
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
-  int64_t skipped_total() const;
+  int64_t skipped_total() const;  // corrupt files skipped in the batches handed out so far
   std::vector<std::string> corrupt_files() const;
   const ImageFolder& folder() const { return folder_; }
 
