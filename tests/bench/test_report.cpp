@@ -1,12 +1,10 @@
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <sstream>
 
 #include "bench/report.h"
 #include "bench/suite.h"
+#include "common/run_command.h"
 #include "core/error.h"
 #include "core/result.h"
 
@@ -99,39 +97,28 @@ TEST(Suites, SelectionKeepsRegistryOrderAndRejectsUnknownNames) {
 
 namespace {
 
-struct CliRun {
-  int exit_code;
-  std::string out;
-};
-
-CliRun run_cli(const std::string& args) {
-  const std::string cmd = std::string(GPULAB_EXE) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+gpulab::testing::CommandResult run_cli(const std::string& args) {
+  return gpulab::testing::run_command(std::string(GPULAB_EXE) + " " + args);
 }
 
 }  // namespace
 
 TEST(BenchCli, ListNeedsNoGpu) {
-  const CliRun r = run_cli("bench --list");
+  const auto r = run_cli("bench --list");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (const char* s : {"memory", "transfer", "launch", "gemm", "um", "p2p", "nccl", "power"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 
 TEST(BenchCli, UnknownSuiteIsAUsageError) {
-  const CliRun r = run_cli("bench nosuch");
+  const auto r = run_cli("bench nosuch");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("nosuch"), std::string::npos);
 }
 
 TEST(BenchCli, WithoutAGpuExits3WithAClearMessage) {
   if (core::why_no_device().empty()) GTEST_SKIP() << "a GPU is visible; this test is for machines without one";
-  const CliRun r = run_cli("bench --quick memory");
+  const auto r = run_cli("bench --quick memory");
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_NE(r.out.find("gpulab:"), std::string::npos) << r.out;
 }

@@ -14,25 +14,16 @@
 #include <nlohmann/json.hpp>
 
 #include "common/gpu.h"
+#include "common/run_command.h"
 #include "common/http_client.h"
 #include "core/safetensors.h"
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code;
-  std::string out;  // stdout and stderr together
-};
+using CliRun = gpulab::testing::CommandResult;
 
-static CliRun run(const std::string& args) {
-  const std::string cmd = std::string(GPULAB_EXE) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+// Runs the gpulab executable with `args`; stdout and stderr together.
+static CliRun run(const std::string& args) { return gpulab::testing::run_command(std::string(GPULAB_EXE) + " " + args); }
 
 static const std::string kData = GPULAB_TEST_DATA;
 

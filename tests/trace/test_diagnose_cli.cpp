@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "trace/chrome_trace.h"
-#include "trace/run.h"
+#include "common/run_command.h"
 
-using gpulab::trace::testing::run_command;
+using gpulab::testing::run_command;
 namespace fs = std::filesystem;
 
 namespace {

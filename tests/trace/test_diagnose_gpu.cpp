@@ -14,9 +14,9 @@
 
 #include "common/gpu.h"
 #include "trace/chrome_trace.h"
-#include "trace/run.h"
+#include "common/run_command.h"
 
-using gpulab::trace::testing::run_command;
+using gpulab::testing::run_command;
 using nlohmann::json;
 namespace fs = std::filesystem;
 

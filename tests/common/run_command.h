@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-namespace gpulab::trace::testing {
+namespace gpulab::testing {
 
 struct CommandResult {
   int exit_code;
@@ -23,4 +23,4 @@ inline CommandResult run_command(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-}  // namespace gpulab::trace::testing
+}  // namespace gpulab::testing
