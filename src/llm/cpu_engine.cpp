@@ -18,6 +18,7 @@ class CpuEngine final : public Engine {
   const char* device_name() const override { return "cpu"; }
   int64_t max_batch() const override { return 64; }
   int64_t kv_capacity_tokens() const override { return capacity_; }
+  int64_t max_sequence_tokens() const override { return capacity_; }
   int64_t kv_free_tokens() const override {
     std::lock_guard lock(mutex_);
     return capacity_ - reserved_;

@@ -487,7 +487,9 @@ const LlamaConfig& CudaEngine::config() const { return impl_->cfg; }
 int64_t CudaEngine::max_batch() const { return impl_->opt.max_batch; }
 // The most one sequence can hold: the pool, or the max sequence length when that is less (so
 // the scheduler refuses longer requests up front).
-int64_t CudaEngine::kv_capacity_tokens() const {
+int64_t CudaEngine::kv_capacity_tokens() const { return impl_->num_blocks * impl_->opt.block_size; }
+
+int64_t CudaEngine::max_sequence_tokens() const {
   return std::min(impl_->num_blocks * impl_->opt.block_size, impl_->max_seq_len);
 }
 

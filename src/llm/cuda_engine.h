@@ -39,6 +39,7 @@ class CudaEngine final : public Engine {
   // min(KV pool, max sequence length): the most one sequence can hold.
   int64_t kv_capacity_tokens() const override;
   int64_t kv_free_tokens() const override;
+  int64_t max_sequence_tokens() const override;
   // Throws core::InputError when max_tokens exceeds the engine's max sequence length.
   std::optional<SeqId> open(int64_t max_tokens) override;
   void close(SeqId seq) override;

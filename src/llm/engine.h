@@ -25,8 +25,10 @@ class Engine {
   // The most sequences one step may carry.
   virtual int64_t max_batch() const = 0;
   // KV-cache room in tokens: a sequence reserves its worst-case length when opened.
-  virtual int64_t kv_capacity_tokens() const = 0;
+  virtual int64_t kv_capacity_tokens() const = 0;  // the whole pool
   virtual int64_t kv_free_tokens() const = 0;
+  // The longest one sequence may grow (prompt + generated): at most the pool, often less.
+  virtual int64_t max_sequence_tokens() const = 0;
 
   // Reserves room for a sequence of up to `max_tokens` tokens (prompt + generated); nullopt
   // when that room is not free now.

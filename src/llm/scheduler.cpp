@@ -81,9 +81,9 @@ void Scheduler::submit(GenerationRequest request) {
     throw core::InputError("prompt (" + std::to_string(prompt) + " tokens) plus max_tokens (" +
                            std::to_string(request.max_new_tokens) + ") exceeds the model's context of " +
                            std::to_string(cfg.max_position_embeddings) + " tokens");
-  if (total > engine_.kv_capacity_tokens())
-    throw core::InputError("prompt plus max_tokens (" + std::to_string(total) + " tokens) exceeds the KV cache (" +
-                           std::to_string(engine_.kv_capacity_tokens()) + " tokens)");
+  if (total > engine_.max_sequence_tokens())
+    throw core::InputError("prompt plus max_tokens (" + std::to_string(total) + " tokens) exceeds the KV cache one sequence may hold (" +
+                           std::to_string(engine_.max_sequence_tokens()) + " tokens)");
   for (int32_t id : request.prompt)
     if (id < 0 || id >= cfg.vocab_size) throw core::InputError("token id " + std::to_string(id) + " is outside the vocabulary");
   for (const auto& s : request.stop)

@@ -24,6 +24,7 @@ class CountingEngine final : public Engine {
   int64_t max_batch() const override { return inner_->max_batch(); }
   int64_t kv_capacity_tokens() const override { return inner_->kv_capacity_tokens(); }
   int64_t kv_free_tokens() const override { return inner_->kv_free_tokens(); }
+  int64_t max_sequence_tokens() const override { return inner_->max_sequence_tokens(); }
   std::optional<SeqId> open(int64_t n) override {
     auto s = inner_->open(n);
     if (s) max_open = std::max(max_open, ++open_now);
