@@ -315,13 +315,20 @@ TEST(Cli, GenerateBadInputsExit2) {
   EXPECT_EQ(run("generate --dummy-weights --config llama2-7b --prompt hi").exit_code, 2);  // text needs a tokenizer
 }
 
+// The JSON a command printed on stdout, after any log lines it wrote to stderr first (the
+// runner merges the two streams; the CUDA engine logs its KV-cache size when it starts).
+static nlohmann::json json_after_log_lines(const std::string& out) {
+  const size_t start = out.find("\n{");
+  return nlohmann::json::parse(out.front() == '{' || start == std::string::npos ? out : out.substr(start + 1));
+}
+
 TEST(Cli, GenerateCudaBatchOfCopiesAgrees) {
   GPULAB_REQUIRE_GPU();
   const std::string ids = fixture_ids(0);
   const CliRun r = run("generate --model " + kData + "/llama_tiny --ids " + ids +
                        " --max-tokens 24 --ignore-eos --batch 5 --json --gpu-memory-fraction 0.3");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  const auto j = nlohmann::json::parse(r.out);
+  const auto j = json_after_log_lines(r.out);
   ASSERT_EQ(j["results"].size(), 5u);
   EXPECT_EQ(j["device"], "cuda");
   for (int i = 0; i < 5; ++i) {
@@ -332,7 +339,7 @@ TEST(Cli, GenerateCudaBatchOfCopiesAgrees) {
   const CliRun d = run("generate --dummy-weights --config " + kData + "/llama_tiny/config.json --tokenizer " + kData +
                        "/llama_tiny --ids 1,2,3 --max-tokens 8 --ignore-eos --batch 3 --json --gpu-memory-fraction 0.3");
   ASSERT_EQ(d.exit_code, 0) << d.out;
-  EXPECT_EQ(nlohmann::json::parse(d.out)["generated_tokens"], 24);
+  EXPECT_EQ(json_after_log_lines(d.out)["generated_tokens"], 24);
 }
 
 TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
