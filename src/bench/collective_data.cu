@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "bench/device_count.cuh"
 #include "core/error.h"
 #include "core/memory.h"
 
@@ -38,25 +39,19 @@ __global__ void check_kernel(Collective c, const float* recv, size_t send_count,
   if (local) atomicAdd(wrong, local);
 }
 
-int blocks_for(size_t n) { return int(std::clamp<size_t>((n + 255) / 256, 1, 65536)); }
-
 }  // namespace
 
 void fill_collective_input(float* send, size_t count, int rank, cudaStream_t stream) {
-  fill_kernel<<<blocks_for(count), 256, 0, stream>>>(send, count, rank);
+  fill_kernel<<<grid_stride_blocks(count), kGridStrideThreads, 0, stream>>>(send, count, rank);
   GPULAB_CHECK_LAUNCH();
 }
 
 uint64_t count_collective_errors(Collective c, const float* recv, size_t send_count, int rank, int ranks,
                                  cudaStream_t stream) {
-  core::DeviceBuffer<unsigned long long> wrong(1);
-  GPULAB_CHECK(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), stream));
-  check_kernel<<<blocks_for(recv_count(c, send_count, ranks)), 256, 0, stream>>>(c, recv, send_count, rank, ranks, wrong.get());
-  GPULAB_CHECK_LAUNCH();
-  unsigned long long host = 0;
-  GPULAB_CHECK(cudaMemcpyAsync(&host, wrong.get(), sizeof host, cudaMemcpyDeviceToHost, stream));
-  GPULAB_CHECK(cudaStreamSynchronize(stream));
-  return host;
+  return count_on_device(stream, [&](unsigned long long* wrong) {
+    check_kernel<<<grid_stride_blocks(recv_count(c, send_count, ranks)), kGridStrideThreads, 0, stream>>>(
+        c, recv, send_count, rank, ranks, wrong);
+  });
 }
 
 }  // namespace gpulab::bench

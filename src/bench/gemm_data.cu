@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "bench/device_count.cuh"
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -47,32 +48,24 @@ __global__ void mismatch_kernel(const T* out, const float* ref, uint64_t n, floa
   if (local) atomicAdd(wrong, local);
 }
 
-constexpr int kThreads = 256;
-int blocks_for(int64_t n) { return int(std::min<int64_t>((n + kThreads - 1) / kThreads, 65536)); }
-
 }  // namespace
 
 void fill_integer_matrix(core::DType dt, void* p, int64_t rows, int64_t cols, bool transposed, uint64_t seed,
                          cudaStream_t stream) {
   core::dispatch_float(dt, [&]<class T>() {
-    fill_kernel<T><<<blocks_for(rows * cols), kThreads, 0, stream>>>(static_cast<T*>(p), rows, cols, transposed, seed);
+    fill_kernel<T><<<grid_stride_blocks(rows * cols), kGridStrideThreads, 0, stream>>>(static_cast<T*>(p), rows, cols, transposed, seed);
     GPULAB_CHECK_LAUNCH();
   });
 }
 
 uint64_t count_mismatches(core::DType dt, const void* out, const float* ref, uint64_t n, double atol, double rtol,
                           cudaStream_t stream) {
-  core::DeviceBuffer<unsigned long long> wrong(1);
-  GPULAB_CHECK(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), stream));
-  core::dispatch_float(dt, [&]<class T>() {
-    mismatch_kernel<T><<<blocks_for(int64_t(n)), kThreads, 0, stream>>>(static_cast<const T*>(out), ref, n, float(atol),
-                                                                        float(rtol), wrong.get());
-    GPULAB_CHECK_LAUNCH();
+  return count_on_device(stream, [&](unsigned long long* wrong) {
+    core::dispatch_float(dt, [&]<class T>() {
+      mismatch_kernel<T><<<grid_stride_blocks(n), kGridStrideThreads, 0, stream>>>(static_cast<const T*>(out), ref, n,
+                                                                                  float(atol), float(rtol), wrong);
+    });
   });
-  unsigned long long host = 0;
-  GPULAB_CHECK(cudaMemcpyAsync(&host, wrong.get(), sizeof host, cudaMemcpyDeviceToHost, stream));
-  GPULAB_CHECK(cudaStreamSynchronize(stream));
-  return host;
 }
 
 }  // namespace gpulab::bench
