@@ -23,13 +23,15 @@ int32_t Sampler::sample(std::span<const float> logits) {
   if (params_.temperature == 0.f || params_.top_k == 1) return argmax(logits);
   // Candidates sorted by logit, cut to top-k, then softmax at the temperature, then the
   // smallest prefix whose probability reaches top_p.
-  std::vector<int32_t> order(logits.size());
+  std::vector<int32_t>& order = order_;
+  order.resize(logits.size());
   std::iota(order.begin(), order.end(), 0);
   const size_t k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, order.size()) : order.size();
   std::partial_sort(order.begin(), order.begin() + k, order.end(),
                     [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
   order.resize(k);
-  std::vector<double> prob(k);
+  std::vector<double>& prob = prob_;
+  prob.resize(k);
   const double top = logits[order[0]];
   double total = 0;
   for (size_t i = 0; i < k; ++i) total += prob[i] = std::exp((logits[order[i]] - top) / params_.temperature);

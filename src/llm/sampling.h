@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <vector>
 
 namespace gpulab::llm {
 
@@ -26,6 +27,8 @@ class Sampler {
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::vector<int32_t> order_;  // scratch reused across tokens (vocabulary-sized)
+  std::vector<double> prob_;
 };
 
 }  // namespace gpulab::llm

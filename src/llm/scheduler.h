@@ -93,6 +93,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Active>> waiting_;
   std::vector<std::unique_ptr<Active>> running_;
   SchedulerMetrics metrics_;
+  std::vector<float> step_logits_;  // the engine's output of the last step (scheduler thread only)
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
