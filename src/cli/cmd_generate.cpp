@@ -22,9 +22,8 @@ namespace gpulab::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, config, tokenizer, prompt, ids;
-  bool dummy_weights = false;
-  std::string device = "cuda";
+  ModelOptions model;
+  std::string prompt, ids;
   int64_t max_tokens = 64;
   int64_t batch = 1;
   float temperature = 0.f;
@@ -33,40 +32,27 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool ignore_eos = false;
   bool json_output = false;
-  double gpu_memory_fraction = 0.9;
-  int64_t max_seq_len = 0;
-  bool no_cuda_graphs = false;
-  int threads = 0;
 };
 
 int run_generate(const GenerateOptions& opt) {
-  if (!opt.dummy_weights && opt.model.empty()) throw core::InputError("give --model DIR (or --dummy-weights --config NAME)");
-  if (opt.dummy_weights && opt.config.empty()) throw core::InputError("--dummy-weights needs --config FILE|NAME");
   if (opt.prompt.empty() == opt.ids.empty()) throw core::InputError("give exactly one of --prompt TEXT and --ids 1,2,3");
   if (opt.batch < 1 || opt.max_tokens < 1) throw core::InputError("--batch and --max-tokens must be at least 1");
 
-  const llm::WeightSource weights = opt.dummy_weights ? llm::WeightSource::random(llm::config_from_arg(opt.config))
-                                                      : llm::WeightSource::from_checkpoint(opt.model);
+  const llm::WeightSource weights = load_weights(opt.model);
   // Random weights may come without a tokenizer: then --ids in, token ids out (no text).
-  const std::string tokenizer_path = opt.tokenizer.empty() ? opt.model : opt.tokenizer;
+  const std::string tokenizer_path = opt.model.tokenizer.empty() ? opt.model.model : opt.model.tokenizer;
   if (tokenizer_path.empty() && !opt.prompt.empty())
     throw core::InputError("--prompt needs a tokenizer: give --tokenizer FILE, or --ids with --dummy-weights");
   std::optional<llm::Tokenizer> tokenizer;
   if (!tokenizer_path.empty()) tokenizer = llm::Tokenizer::from_file(tokenizer_path);
   const std::vector<int32_t> prompt = opt.prompt.empty() ? parse_token_ids(opt.ids) : tokenizer->encode(opt.prompt, true);
 
-  std::unique_ptr<llm::Engine> engine;
+  // As wide as the batch asks (up to 256), with CPU KV room for every copy at full length.
   const int64_t longest = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
-  if (opt.device == "cuda") {
-    llm::EngineOptions eo;
-    eo.gpu_memory_fraction = opt.gpu_memory_fraction;
-    eo.max_seq_len = opt.max_seq_len;
-    eo.max_batch = std::min<int64_t>(opt.batch, 256);
-    eo.cuda_graphs = !opt.no_cuda_graphs;
-    engine = std::make_unique<llm::CudaEngine>(weights, eo);
-  } else {
-    engine = llm::make_cpu_engine(weights, longest * std::min<int64_t>(opt.batch, 64), opt.threads);
-  }
+  llm::EngineSpec spec = opt.model.engine;
+  spec.cuda.max_batch = std::min<int64_t>(opt.batch, 256);
+  spec.cpu_kv_tokens = std::max(spec.cpu_kv_tokens, longest * std::min<int64_t>(opt.batch, 64));
+  const std::unique_ptr<llm::Engine> engine = llm::make_engine(weights, spec);
 
   llm::SchedulerOptions so;
   so.max_batch = engine->max_batch();
@@ -122,31 +108,18 @@ int run_generate(const GenerateOptions& opt) {
 void add_generate_command(CLI::App& app, Runner& run) {
   auto opt = std::make_shared<GenerateOptions>();
   auto* sub = app.add_subcommand("generate", "LLaMA-family text generation from a Hugging Face checkpoint");
-  sub->add_option("--model", opt->model, "Hugging Face checkpoint folder (config.json, safetensors, tokenizer.json)");
-  sub->add_flag("--dummy-weights", opt->dummy_weights, "Random weights of the right shapes (for benchmarks)");
-  sub->add_option("--config", opt->config, "With --dummy-weights: a config.json or a built-in shape (llama2-7b, llama3-8b, ...)");
-  sub->add_option("--tokenizer", opt->tokenizer, "tokenizer.json (default: the one in --model)");
+  opt->model.engine.device = "cuda";
+  add_model_options(*sub, opt->model);
   sub->add_option("--prompt", opt->prompt, "Prompt text (tokenized with the special tokens, e.g. BOS)");
   sub->add_option("--ids", opt->ids, "Prompt as comma-separated token ids instead of text");
   sub->add_option("--max-tokens", opt->max_tokens, "Tokens to generate per request")->capture_default_str();
   sub->add_option("--batch", opt->batch, "Run this many copies of the request together")->capture_default_str();
-  sub->add_option("--device", opt->device, "cuda (bf16 engine) or cpu (float32 reference)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
   sub->add_option("--temperature", opt->temperature, "0: greedy")->capture_default_str();
   sub->add_option("--top-k", opt->top_k, "0: no limit")->capture_default_str();
   sub->add_option("--top-p", opt->top_p, "1: no nucleus cut")->capture_default_str();
   sub->add_option("--seed", opt->seed, "Sampling seed (request i uses seed + i)")->capture_default_str();
   sub->add_flag("--ignore-eos", opt->ignore_eos, "Always generate --max-tokens tokens");
   sub->add_flag("--json", opt->json_output, "Print results and timings as JSON");
-  sub->add_option("--gpu-memory-fraction", opt->gpu_memory_fraction,
-                  "Share of GPU memory for weights, buffers and the KV cache")
-      ->check(CLI::Range(0.01, 1.0))
-      ->capture_default_str();
-  sub->add_option("--max-seq-len", opt->max_seq_len, "Longest prompt + generation (0: the model's, up to 32768)")
-      ->capture_default_str();
-  sub->add_flag("--no-cuda-graphs", opt->no_cuda_graphs, "Launch decode steps kernel by kernel");
-  sub->add_option("--threads", opt->threads, "With --device cpu: threads (0: all)")->capture_default_str();
   sub->footer("Examples:\n  gpulab generate --model ~/models/Llama-3.2-1B --prompt 'The GPU is' --max-tokens 32\n"
               "  gpulab generate --dummy-weights --config llama3-8b --tokenizer tok.json --ids 1,2,3 --batch 64 "
               "--max-tokens 256 --ignore-eos --json");

@@ -68,6 +68,9 @@ void add_serve_command(CLI::App& app, Runner& run) {
   add_model_options(*sub, opt->model);
   sub->add_option("--host", opt->host, "IPv4 address to listen on")->capture_default_str();
   sub->add_option("--port", opt->port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  sub->add_option("--max-batch", opt->model.engine.cuda.max_batch, "Most requests in one engine step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   sub->add_option("--served-model-name", opt->served_name, "Model name clients use (default: the model folder's name)");
   sub->add_option("--prefill-chunk", opt->prefill_chunk, "Prompt tokens a request feeds per step")
       ->check(CLI::PositiveNumber)

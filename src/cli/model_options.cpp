@@ -23,9 +23,10 @@ void add_model_options(CLI::App& sub, ModelOptions& opt) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub.add_option("--threads", opt.engine.threads, "CPU threads (0: all)")->capture_default_str();
-  sub.add_option("--max-batch", opt.engine.cuda.max_batch, "Most sequences in one engine step")
-      ->check(CLI::PositiveNumber)
+  sub.add_option("--max-seq-len", opt.engine.cuda.max_seq_len,
+                 "With --device cuda: longest prompt + generation (0: the model's, up to 32768)")
       ->capture_default_str();
+  sub.add_flag("!--no-cuda-graphs", opt.engine.cuda.cuda_graphs, "With --device cuda: launch decode steps kernel by kernel");
 }
 
 llm::WeightSource load_weights(const ModelOptions& opt) {
