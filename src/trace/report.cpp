@@ -134,6 +134,13 @@ void print_report(std::ostream& out, const Report& report) {
   if (s.value("dropped_records", int64_t(0)) > 0)
     out << "  warning: CUPTI dropped " << s["dropped_records"].get<int64_t>()
         << " records; the figures below undercount\n";
+  if (const auto top = s.find("top_kernels"); top != s.end() && !top->empty()) {
+    out << "  top kernels by GPU time:\n";
+    for (const json& k : *top)
+      out << "    " << fixed(k.value("percent_of_kernel_time", 0.0), 1) << "%  " << fixed(k.value("total_ms", 0.0), 3)
+          << " ms  " << k.value("count", int64_t(0)) << " x " << fixed(k.value("mean_us", 0.0), 1) << " us  "
+          << k.value("name", std::string()).substr(0, 100) << "\n";
+  }
   if (report.findings.empty()) {
     out << "\nNo findings: the GPU was kept busy.\n";
     return;

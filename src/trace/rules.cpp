@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -176,6 +177,7 @@ class Analyzer {
   int64_t api_time(int64_t thread, const Interval& w) const;
   void attribute_gaps();
   void add_finding(const std::string& rule, double lost_ns, std::string summary, json evidence);
+  json top_kernels(size_t limit) const;
   json range_ms(const Interval& i) const {
     return json::array({round3((i.start - span_.start) / kNsPerMs), round3((i.end - span_.start) / kNsPerMs)});
   }
@@ -647,6 +649,34 @@ void Analyzer::check_um() {
                   {"thrashing_events", thrash}, {"migration_time_ms", ms(total_length(um_migrations_))}};
 }
 
+// The kernels that took the most GPU time, summed by name (Nsight's cuda_gpu_kern_sum): where
+// to look first once the GPU is busy.
+json Analyzer::top_kernels(size_t limit) const {
+  struct Total {
+    int64_t count = 0, ns = 0;
+  };
+  std::map<std::string, Total> by_name;
+  int64_t all_ns = 0;
+  for (const auto& k : t_.kernels) {
+    Total& t = by_name[k.name];
+    ++t.count;
+    t.ns += k.end_ns - k.start_ns;
+    all_ns += k.end_ns - k.start_ns;
+  }
+  std::vector<std::pair<std::string, Total>> ranked(by_name.begin(), by_name.end());
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  json out = json::array();
+  for (size_t i = 0; i < std::min(limit, ranked.size()); ++i) {
+    const auto& [name, t] = ranked[i];
+    out.push_back({{"name", name},
+                   {"count", t.count},
+                   {"total_ms", ms(t.ns)},
+                   {"mean_us", round3(double(t.ns) / double(t.count) / 1e3)},
+                   {"percent_of_kernel_time", round3(all_ns > 0 ? 100.0 * double(t.ns) / double(all_ns) : 0)}});
+  }
+  return out;
+}
+
 Report Analyzer::run() {
   check_um();
   attribute_gaps();
@@ -677,6 +707,7 @@ Report Analyzer::run() {
                {"nvml_samples", t_.samples.size()},
                {"dropped_records", t_.dropped_records},
                {"devices", devices}};
+  r.summary["top_kernels"] = top_kernels(10);
   if (!t_.samples.empty()) {
     double sum = 0;
     int n = 0;

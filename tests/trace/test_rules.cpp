@@ -40,6 +40,21 @@ TEST(Rules, EmptyTraceHasNoFindings) {
   EXPECT_EQ(r.summary["span_ms"].get<double>(), 0.0);
 }
 
+TEST(Rules, TopKernelsSumGpuTimeByName) {
+  Synthetic s;
+  for (int i = 0; i < 6; ++i) s.kernel(i * 100, 10 + i * 100, i % 3 == 0 ? 30 : 10, 264, i % 3 == 0 ? "gemm" : "norm");
+  const Report r = analyze(s.t);
+  const auto& top = r.summary["top_kernels"];
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0]["name"].get<std::string>(), "gemm");  // 2 x 30 us beats 4 x 10 us
+  EXPECT_EQ(top[0]["count"].get<int>(), 2);
+  EXPECT_NEAR(top[0]["total_ms"].get<double>(), 0.06, 1e-9);
+  EXPECT_NEAR(top[0]["mean_us"].get<double>(), 30.0, 1e-9);
+  EXPECT_NEAR(top[0]["percent_of_kernel_time"].get<double>(), 60.0, 1e-9);
+  EXPECT_EQ(top[1]["name"].get<std::string>(), "norm");
+  EXPECT_EQ(top[1]["count"].get<int>(), 4);
+}
+
 TEST(Rules, LaunchBoundTinyKernels) {
   Synthetic s;
   for (int i = 0; i < 1000; ++i) s.kernel(i * 8, i * 8 + 5, 3, 264, i % 2 ? "add_kernel" : "scale_kernel");
