@@ -21,7 +21,7 @@ struct BenchOptions {
 void add_bench_command(CLI::App& app, Runner& run) {
   auto opt = std::make_shared<BenchOptions>();
   auto* sub = app.add_subcommand("bench", "Measured roofline: GEMM ladder, HBM, L2, PCIe, P2P, launch, UM, NCCL, power");
-  sub->footer("Examples:\n  gpulab bench --list\n  gpulab bench --quick --json quick.json   # a short pass of every suite\n"
+  sub->footer("Examples:\n  gpulab bench --list\n  gpulab bench llm --help                  # LLM decode/prefill against the floors\n  gpulab bench --quick --json quick.json   # a short pass of every suite\n"
               "  gpulab bench gemm memory                # two suites in full\n"
               "Exit status 3 when no CUDA device is visible; 1 when a suite failed (the others still run).");
   sub->add_option("suite", opt->suites, "Suites to run (default: all); see --list");
@@ -32,10 +32,13 @@ void add_bench_command(CLI::App& app, Runner& run) {
   sub->add_option("--device", opt->options.device, "CUDA device index for single-GPU suites")->capture_default_str();
   sub->add_flag("--allow-oversubscription", opt->options.allow_oversubscription,
                 "um: also measure managed memory larger than the GPU's memory (slow; pages thrash)");
-  sub->callback([&run, opt] {
+  add_bench_llm_subcommand(*sub, run);
+  sub->callback([&run, opt, sub] {
+    if (sub->got_subcommand("llm")) return;  // `bench llm` set its own work
     run = [opt] {
       if (opt->list) {
         bench::print_suite_list(std::cout);
+        std::cout << "llm       LLaMA decode and prefill against the floors (its own options: gpulab bench llm --help)\n";
         return int(core::kExitOk);
       }
       return bench::run_bench(opt->suites, opt->options, std::cout);

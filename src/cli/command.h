@@ -13,6 +13,7 @@ using Runner = std::function<int()>;
 void add_info_command(CLI::App& app, Runner& run);
 void add_inspect_command(CLI::App& app, Runner& run);
 void add_bench_command(CLI::App& app, Runner& run);
+void add_bench_llm_subcommand(CLI::App& bench, Runner& run);  // `bench llm`, from add_bench_command
 void add_logits_command(CLI::App& app, Runner& run);
 void add_generate_command(CLI::App& app, Runner& run);
 void add_tokenize_command(CLI::App& app, Runner& run);

@@ -130,90 +130,190 @@ __global__ void __launch_bounds__(kPrefillThreads)
 }
 
 // ---- decode: one block per (split of kSplit positions, kv head, sequence) ----
+// Decode reads each cached key and value once, so it is bound by memory latency and bandwidth:
+// keys and values travel in 16-byte loads, kLanes threads per row, several rows in flight per
+// warp, and short splits so that even one short sequence spreads over many SMs.
 
-constexpr int kSplit = 256, kDecodeThreads = 128, kDecodeWarps = kDecodeThreads / 32;
-constexpr int kMaxSplitBlocks = 16;  // blocks per (kv head, sequence); each loops over splits
+constexpr int kSplit = 64, kDecodeThreads = 128, kDecodeWarps = kDecodeThreads / 32;
+constexpr int kMaxGroup = 16;        // query heads per kv head that one block serves
+constexpr int kMaxSplitBlocks = 64;  // blocks per (kv head, sequence); each merges several splits
 
-int64_t max_splits(int64_t max_seq_len) { return (max_seq_len + kSplit - 1) / kSplit; }
+int64_t max_split_blocks(int64_t max_seq_len) {
+  return std::min<int64_t>((max_seq_len + kSplit - 1) / kSplit, kMaxSplitBlocks);
+}
 
-// Scores and partial outputs of one split for all `group` query heads of a kv head, so each
-// key and value is read once per group.
+int current_sm_count() {
+  int device = 0, sms = 0;
+  GPULAB_CHECK(cudaGetDevice(&device));
+  GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 template <class T, int D>
+struct DecodeTile {
+  static constexpr int kVec = 16 / sizeof(T);                  // elements per 16-byte load
+  static constexpr int kLanes = D / kVec < 32 ? D / kVec : 32;  // threads per key or value row
+  static constexpr int kChunks = D / (kVec * kLanes);          // 16-byte loads per thread and row
+  static constexpr int kRows = kDecodeThreads / kLanes;        // rows in flight per pass
+  static_assert(kChunks * kVec * kLanes == D, "whole 16-byte loads per row");
+};
+
+template <class T, int N>
+__device__ inline void load_vec(float (&out)[N], const T* p) {
+  static_assert(N * sizeof(T) == 16, "one 16-byte load");
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = static_cast<float>(e[i]);
+}
+
+// One block's part of the attention of the `group` (<= G) query heads of a kv head, so each key
+// and value is read once per group: splits blockIdx.x, + gridDim.x, ..., merged with a running
+// maximum and sum (online softmax) into one partial output per block.
+template <class T, int D, int G>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_kernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* block_table,
                         int64_t max_blocks, int block_size, const int32_t* seq_lens, int kv_heads, int group,
-                        float scale, int splits, float* part_o, float* part_m, float* part_l) {
-  static_assert(D % 32 == 0, "lanes split the head dimension");
+                        float scale, float* part_o, float* part_m, float* part_l) {
+  using Tile = DecodeTile<T, D>;
+  constexpr int kVec = Tile::kVec, kLanes = Tile::kLanes, kChunks = Tile::kChunks, kRows = Tile::kRows;
   extern __shared__ float smem[];
-  float* qs = smem;               // [group][D], pre-scaled
-  float* scores = qs + group * D;  // [group][kSplit]
+  auto qs = reinterpret_cast<float(*)[D]>(smem);                         // [G][D] pre-scaled queries
+  auto scores = reinterpret_cast<float(*)[kSplit]>(smem + G * D);        // [G][kSplit], then probabilities
+  auto partial = reinterpret_cast<float(*)[G][D]>(smem + G * (D + kSplit));  // [warps][G][D] sums of p·v
+  auto run_o = reinterpret_cast<float(*)[D]>(smem + G * (D + kSplit + kDecodeWarps * D));  // [G][D] merged so far
+  float* run_m = smem + G * (2 * D + kSplit + kDecodeWarps * D);  // [G] running maximum
+  float* run_l = run_m + G;                                          // [G] running sum
+  float* rescale = run_l + G;                                        // [G][2] old and new weights
   const int seq = blockIdx.z, kvh = blockIdx.y;
   const int len = seq_lens[seq];
   if (static_cast<int>(blockIdx.x) * kSplit >= len) return;
   const int q_heads = kv_heads * group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // This thread's row slot, and its columns: kChunks runs of kVec starting at col(c).
+  const int row = tid / kLanes, lane_in_row = tid % kLanes;
+  auto col = [&](int c) { return (lane_in_row + c * kLanes) * kVec; };
   const int32_t* table = block_table + seq * max_blocks;
   auto slot_of = [&](int pos) { return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size; };
 
-  for (int idx = tid; idx < group * D; idx += kDecodeThreads)
-    qs[idx] = static_cast<float>(q[seq * q_stride + (kvh * group) * D + idx]) * scale;
+  for (int idx = tid; idx < group * D; idx += kDecodeThreads) {
+    qs[idx / D][idx % D] = static_cast<float>(q[seq * q_stride + (kvh * group) * D + idx]) * scale;
+    run_o[idx / D][idx % D] = 0.f;
+  }
+  if (tid < group) run_m[tid] = -INFINITY, run_l[tid] = 0.f;
 
-  // A block takes splits blockIdx.x, + gridDim.x, ...: the grid stays small for long contexts.
   for (int split = blockIdx.x; split * kSplit < len; split += gridDim.x) {
     const int s0 = split * kSplit, n = min(len - s0, kSplit);
-    __syncthreads();  // q is loaded; the previous split's scores are consumed
+    __syncthreads();  // q is loaded; the previous split's scores and partials are consumed
 
-    for (int jj = warp; jj < n; jj += kDecodeWarps) {
-      const T* kp = k_cache + (slot_of(s0 + jj) * kv_heads + kvh) * D;
-      float kv[D / 32];
+    for (int j = row; j < n; j += kRows) {
+      const T* kp = k_cache + (slot_of(s0 + j) * kv_heads + kvh) * D;
+      float kv[kChunks][kVec];
 #pragma unroll
-      for (int e = 0; e < D / 32; ++e) kv[e] = static_cast<float>(kp[lane + 32 * e]);
-      for (int g = 0; g < group; ++g) {
+      for (int c = 0; c < kChunks; ++c) load_vec(kv[c], kp + col(c));
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (g >= group) break;
         float dot = 0.f;
 #pragma unroll
-        for (int e = 0; e < D / 32; ++e) dot += qs[g * D + lane + 32 * e] * kv[e];
-        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (lane == 0) scores[g * kSplit + jj] = dot;
+        for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) dot += qs[g][col(c) + e] * kv[c][e];
+#pragma unroll
+        for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        if (lane_in_row == 0) scores[g][j] = dot;
       }
     }
     __syncthreads();
 
     for (int g = warp; g < group; g += kDecodeWarps) {
       float mx = -INFINITY;
-      for (int jj = lane; jj < n; jj += 32) mx = fmaxf(mx, scores[g * kSplit + jj]);
+      for (int j = lane; j < n; j += 32) mx = fmaxf(mx, scores[g][j]);
       for (int offset = 16; offset > 0; offset /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
       float sum = 0.f;
-      for (int jj = lane; jj < n; jj += 32) {
-        const float p = expf(scores[g * kSplit + jj] - mx);
-        scores[g * kSplit + jj] = p;
+      for (int j = lane; j < n; j += 32) {
+        const float p = expf(scores[g][j] - mx);
+        scores[g][j] = p;
         sum += p;
       }
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       if (lane == 0) {
-        const int64_t at = (static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split;
-        part_m[at] = mx;
-        part_l[at] = sum;
+        const float m_new = fmaxf(run_m[g], mx);
+        rescale[2 * g] = expf(run_m[g] - m_new);
+        rescale[2 * g + 1] = expf(mx - m_new);
+        run_l[g] = run_l[g] * rescale[2 * g] + sum * rescale[2 * g + 1];
+        run_m[g] = m_new;
       }
     }
     __syncthreads();
 
+    float acc[G][kChunks][kVec] = {};
+    for (int j = row; j < n; j += kRows) {
+      const T* vp = v_cache + (slot_of(s0 + j) * kv_heads + kvh) * D;
+      float vv[kChunks][kVec];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) load_vec(vv[c], vp + col(c));
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (g >= group) break;
+        const float p = scores[g][j];
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc[g][c][e] += p * vv[c][e];
+      }
+    }
+    // Sum the rows of a warp by shuffles, then the warps through shared memory.
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (g >= group) break;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          float a = acc[g][c][e];
+          for (int offset = 16; offset >= kLanes; offset /= 2) a += __shfl_xor_sync(0xffffffffu, a, offset);
+          if (lane < kLanes) partial[warp][g][col(c) + e] = a;
+        }
+    }
+    __syncthreads();
     for (int idx = tid; idx < group * D; idx += kDecodeThreads) {
       const int g = idx / D, i = idx % D;
-      float acc = 0.f;
-      for (int jj = 0; jj < n; ++jj)
-        acc += scores[g * kSplit + jj] * static_cast<float>(v_cache[(slot_of(s0 + jj) * kv_heads + kvh) * D + i]);
-      part_o[((static_cast<int64_t>(seq) * q_heads + kvh * group + g) * splits + split) * D + i] = acc;
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) sum += partial[w][g][i];
+      run_o[g][i] = run_o[g][i] * rescale[2 * g] + sum * rescale[2 * g + 1];
     }
+  }
+  __syncthreads();
+  const int64_t head0 = static_cast<int64_t>(seq) * q_heads + kvh * group;
+  for (int idx = tid; idx < group * D; idx += kDecodeThreads)
+    part_o[((head0 + idx / D) * gridDim.x + blockIdx.x) * D + idx % D] = run_o[idx / D][idx % D];
+  if (tid < group) {
+    part_m[(head0 + tid) * gridDim.x + blockIdx.x] = run_m[tid];
+    part_l[(head0 + tid) * gridDim.x + blockIdx.x] = run_l[tid];
   }
 }
 
-// Combines the splits of one (head, sequence) with their maxima and sums.
+// Calls f.template operator()<G>() with the smallest supported group bound G >= group.
+template <class F>
+void dispatch_group(int group, F&& f) {
+  if (group <= 1) return f.template operator()<1>();
+  if (group <= 2) return f.template operator()<2>();
+  if (group <= 4) return f.template operator()<4>();
+  if (group <= 8) return f.template operator()<8>();
+  if (group <= kMaxGroup) return f.template operator()<kMaxGroup>();
+  throw core::Error("attention: " + std::to_string(group) + " query heads per kv head is not supported (at most " +
+                    std::to_string(kMaxGroup) + ")");
+}
+
+// Combines the blocks' partial outputs of one (head, sequence) with their maxima and sums.
 template <class T, int D>
-__global__ void decode_combine_kernel(T* out, int64_t out_stride, const int32_t* seq_lens, int q_heads, int splits,
+__global__ void decode_combine_kernel(T* out, int64_t out_stride, const int32_t* seq_lens, int q_heads, int blocks,
                                       const float* part_o, const float* part_m, const float* part_l) {
   const int h = blockIdx.x, seq = blockIdx.y;
-  const int used = (seq_lens[seq] + kSplit - 1) / kSplit;
-  const int64_t base = (static_cast<int64_t>(seq) * q_heads + h) * splits;
+  const int used = min(blocks, (seq_lens[seq] + kSplit - 1) / kSplit);  // blocks that had a split
+  const int64_t base = (static_cast<int64_t>(seq) * q_heads + h) * blocks;
   float mx = -INFINITY;
   for (int s = 0; s < used; ++s) mx = fmaxf(mx, part_m[base + s]);
   float total = 0.f;
@@ -230,7 +330,7 @@ __global__ void kv_write_kernel(T* k_cache, T* v_cache, const T* k, int64_t k_st
                                 const int32_t* slots, int64_t width) {
   const int64_t t = blockIdx.x, slot = slots[t];
   if (slot < 0) return;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+  for (int64_t i = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; i < width; i += int64_t(gridDim.y) * blockDim.x) {
     k_cache[slot * width + i] = k[t * k_stride + i];
     v_cache[slot * width + i] = v[t * v_stride + i];
   }
@@ -259,7 +359,7 @@ void attention_prefill(Rows out, ConstRows q, const PagedKv& kv, const int32_t* 
 }
 
 size_t attention_decode_workspace(int64_t num_seqs, int64_t max_seq_len, const AttentionShape& shape) {
-  return sizeof(float) * num_seqs * shape.q_heads * max_splits(max_seq_len) * (shape.head_dim + 2);
+  return sizeof(float) * num_seqs * shape.q_heads * max_split_blocks(max_seq_len) * (shape.head_dim + 2);
 }
 
 void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
@@ -267,25 +367,31 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
                       cudaStream_t stream) {
   check_shape(shape);
   if (num_seqs == 0) return;
-  const int splits = static_cast<int>(max_splits(max_seq_len));
   const int group = static_cast<int>(shape.q_heads / shape.kv_heads);
-  const int64_t partials = num_seqs * shape.q_heads * splits;
+  // Enough blocks to cover the SMs a few times over, each merging several splits when the
+  // sequences are long; the workspace holds one partial per block.
+  const int64_t heads_seqs = shape.kv_heads * num_seqs;
+  const int blocks = static_cast<int>(
+      std::clamp<int64_t>((4 * current_sm_count() + heads_seqs - 1) / heads_seqs, 1, max_split_blocks(max_seq_len)));
+  const int64_t partials = num_seqs * shape.q_heads * blocks;
   float* part_o = static_cast<float*>(workspace);
   float* part_m = part_o + partials * shape.head_dim;
   float* part_l = part_m + partials;
   core::dispatch_activation(dtype, [&]<class T>() {
     dispatch_head_dim(shape.head_dim, [&]<int D>() {
-      const size_t smem = sizeof(float) * group * (D + kSplit);
-      if (smem > 48 * 1024)
-        GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      decode_split_kernel<T, D><<<dim3(std::min(splits, kMaxSplitBlocks), shape.kv_heads, num_seqs), kDecodeThreads,
-                                  smem, stream>>>(
-          static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache),
-          kv.block_table, kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens,
-          static_cast<int>(shape.kv_heads), group, shape.scale, splits, part_o, part_m, part_l);
-      GPULAB_CHECK_LAUNCH();
+      dispatch_group(group, [&]<int G>() {
+        constexpr size_t smem = sizeof(float) * G * (2 * D + kSplit + kDecodeWarps * D + 4);
+        if constexpr (smem > 48 * 1024)
+          GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+        decode_split_kernel<T, D, G><<<dim3(blocks, shape.kv_heads, num_seqs), kDecodeThreads, smem, stream>>>(
+            static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache),
+            static_cast<const T*>(kv.v_cache), kv.block_table, kv.max_blocks_per_seq, static_cast<int>(kv.block_size),
+            seq_lens, static_cast<int>(shape.kv_heads), group, shape.scale, part_o, part_m, part_l);
+        GPULAB_CHECK_LAUNCH();
+      });
       decode_combine_kernel<T, D><<<dim3(shape.q_heads, num_seqs), D, 0, stream>>>(
-          static_cast<T*>(out.data), out.stride, seq_lens, static_cast<int>(shape.q_heads), splits, part_o, part_m,
+          static_cast<T*>(out.data), out.stride, seq_lens, static_cast<int>(shape.q_heads), blocks, part_o, part_m,
           part_l);
       GPULAB_CHECK_LAUNCH();
     });
@@ -296,7 +402,10 @@ void kv_cache_write(void* k_cache, void* v_cache, ConstRows k, ConstRows v, cons
                     int64_t kv_heads, int64_t head_dim, core::DType dtype, cudaStream_t stream) {
   if (tokens == 0) return;
   core::dispatch_activation(dtype, [&]<class T>() {
-    kv_write_kernel<T><<<tokens, 256, 0, stream>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
+    // A token's row spreads over several blocks: decode writes few tokens.
+    const dim3 grid(static_cast<unsigned>(tokens),
+                    static_cast<unsigned>(std::min<int64_t>((kv_heads * head_dim + 255) / 256, 64)));
+    kv_write_kernel<T><<<grid, 256, 0, stream>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
                                                   static_cast<const T*>(k.data), k.stride,
                                                   static_cast<const T*>(v.data), v.stride, slots, kv_heads * head_dim);
     GPULAB_CHECK_LAUNCH();

@@ -7,15 +7,27 @@ namespace gpulab::kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
+constexpr int kCached = 16;  // elements per thread held in registers between the two passes
 
+// One block per row. Decode normalizes a handful of rows, so a row's loads must all be in
+// flight at once: each thread issues its kCached loads before using any (rows up to
+// kThreads · kCached read memory once; longer rows are read again for the output).
 template <class Out, class In>
-__global__ void rmsnorm_kernel(Out* out, const In* in, const Out* weight, int64_t dim, float eps) {
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Out* out, const In* in, const Out* weight, int64_t dim,
+                                                           float eps) {
   const In* x = in + blockIdx.x * dim;
+  float v[kCached];
   float sum_sq = 0.f;
-  for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
-    const float v = static_cast<float>(x[i]);
-    sum_sq += v * v;
+#pragma unroll
+  for (int j = 0; j < kCached; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kThreads;
+    v[j] = i < dim ? static_cast<float>(x[i]) : 0.f;
+    sum_sq += v[j] * v[j];
+  }
+  for (int64_t i = threadIdx.x + int64_t(kCached) * kThreads; i < dim; i += kThreads) {
+    const float t = static_cast<float>(x[i]);
+    sum_sq += t * t;
   }
   for (int offset = 16; offset > 0; offset /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
   __shared__ float warp_sums[kThreads / 32];
@@ -24,8 +36,14 @@ __global__ void rmsnorm_kernel(Out* out, const In* in, const Out* weight, int64_
   float total = 0.f;
   for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
   const float inv_rms = rsqrtf(total / static_cast<float>(dim) + eps);
-  for (int64_t i = threadIdx.x; i < dim; i += kThreads)
-    out[blockIdx.x * dim + i] = static_cast<Out>(static_cast<float>(weight[i]) * (static_cast<float>(x[i]) * inv_rms));
+  Out* y = out + blockIdx.x * dim;
+#pragma unroll
+  for (int j = 0; j < kCached; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kThreads;
+    if (i < dim) y[i] = static_cast<Out>(static_cast<float>(weight[i]) * (v[j] * inv_rms));
+  }
+  for (int64_t i = threadIdx.x + int64_t(kCached) * kThreads; i < dim; i += kThreads)
+    y[i] = static_cast<Out>(static_cast<float>(weight[i]) * (static_cast<float>(x[i]) * inv_rms));
 }
 
 }  // namespace

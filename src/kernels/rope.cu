@@ -1,5 +1,7 @@
 #include "kernels/rope.h"
 
+#include <algorithm>
+
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 
@@ -14,7 +16,9 @@ __global__ void rope_kernel(T* q, int64_t q_stride, int64_t q_heads, T* k, int64
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(positions[t]);
   const int64_t q_pairs = q_heads * half, all_pairs = (q_heads + k_heads) * half;
-  for (int64_t p = threadIdx.x; p < all_pairs; p += blockDim.x) {
+  // A token's pairs spread over gridDim.y blocks, one pair a thread: decode rotates few tokens.
+  for (int64_t p = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; p < all_pairs;
+       p += int64_t(gridDim.y) * blockDim.x) {
     const bool is_q = p < q_pairs;
     const int64_t pp = is_q ? p : p - q_pairs;
     const int64_t head = pp / half, i = pp % half;
@@ -33,7 +37,9 @@ void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float* inv
           int64_t head_dim, core::DType dtype, cudaStream_t stream) {
   if (tokens == 0) return;
   core::dispatch_activation(dtype, [&]<class T>() {
-    rope_kernel<T><<<tokens, 256, 0, stream>>>(static_cast<T*>(q.x), q.stride, q.heads, static_cast<T*>(k.x),
+    const int64_t pairs = (q.heads + k.heads) * (head_dim / 2);
+    const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 64)));
+    rope_kernel<T><<<grid, 256, 0, stream>>>(static_cast<T*>(q.x), q.stride, q.heads, static_cast<T*>(k.x),
                                                k.stride, k.heads, positions, inv_freq, head_dim / 2);
     GPULAB_CHECK_LAUNCH();
   });

@@ -1,0 +1,103 @@
+// gpulab bench llm: decode and prefill speed of the CUDA engine beside the floors this GPU sets
+// (weights + KV bytes over the measured copy bandwidth; cuBLASLt's bf16 GEMM rate).
+#include <iostream>
+#include <memory>
+
+#include "cli/command.h"
+#include "cli/model_options.h"
+#include "cli/table.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/result.h"
+#include "llm/bench_llm.h"
+
+namespace gpulab::cli {
+
+namespace {
+
+struct BenchLlmOptions {
+  ModelOptions model;
+  llm::LlmBenchOptions bench;
+  std::string json_path;
+};
+
+void add_results(core::ResultLog& log, const llm::LlmBenchReport& r, const llm::LlmBenchOptions& o,
+                 const std::string& model) {
+  const nlohmann::json base = {{"model", model}, {"input", o.input}, {"output", o.output}};
+  log.add({"llm", "ceiling_copy", "bandwidth", r.ceilings.copy_bytes_per_s / 1e9, "GB/s", std::nullopt,
+           {{"what", "device-to-device cudaMemcpy, read + write bytes, 1 GiB"}}});
+  log.add({"llm", "ceiling_cublaslt_bf16_8192", "throughput", r.ceilings.gemm_bf16_flop_per_s / 1e12, "TFLOP/s",
+           std::nullopt, {{"what", "cuBLASLt bf16 GEMM 8192^3, bf16 out"}}});
+  for (const llm::DecodeFigures& f : r.decode) {
+    nlohmann::json p = base;
+    p.update({{"batch", f.batch}, {"ttft_ms", f.ttft_ms}, {"step_ms_median", f.step_ms_median},
+              {"step_ms_p90", f.step_ms_p90}, {"end_to_end_tokens_per_s", f.end_to_end_tokens_per_s},
+              {"bytes_per_step", f.bytes_per_step}, {"floor_ms", f.floor_ms}});
+    const std::string name = "decode_b" + std::to_string(f.batch);
+    // The peak is the floor's token rate, so `fraction` is the fraction of the floor.
+    log.add({"llm", name, "tokens_per_second", f.decode_tokens_per_s, "tokens/s", 1e3 * f.batch / f.floor_ms, p});
+    log.add({"llm", name + "_ttft", "latency", f.ttft_ms, "ms", std::nullopt, p});
+  }
+  if (r.prefill) {
+    const llm::PrefillFigures& f = *r.prefill;
+    nlohmann::json p = base;
+    p.update({{"tokens", f.tokens}, {"ms", f.ms}, {"flop", f.flop}});
+    log.add({"llm", "prefill_" + std::to_string(f.tokens), "throughput", f.flop_per_s / 1e12, "TFLOP/s",
+             r.ceilings.gemm_bf16_flop_per_s / 1e12, p});
+  }
+}
+
+void print_report(std::ostream& out, const llm::LlmBenchReport& r, const llm::LlmBenchOptions& o) {
+  out << "ceilings: copy " << format_double(r.ceilings.copy_bytes_per_s / 1e12, 2) << " TB/s, cuBLASLt bf16 "
+      << format_double(r.ceilings.gemm_bf16_flop_per_s / 1e12, 1) << " TFLOP/s\n\n";
+  Table t({"batch", "in/out", "TTFT ms", "ms/step", "p90 ms", "decode tok/s", "end-to-end tok/s", "floor ms", "of floor"});
+  for (const llm::DecodeFigures& f : r.decode)
+    t.add({std::to_string(f.batch), std::to_string(o.input) + "/" + std::to_string(o.output),
+           format_double(f.ttft_ms, 1), format_double(f.step_ms_median, 3), format_double(f.step_ms_p90, 3),
+           format_double(f.decode_tokens_per_s, 1), format_double(f.end_to_end_tokens_per_s, 1),
+           format_double(f.floor_ms, 3), format_double(100 * f.fraction_of_floor, 1) + "%"});
+  t.print(out);
+  if (r.prefill)
+    out << "\nprefill of " << r.prefill->tokens << " tokens: " << format_double(r.prefill->ms, 2) << " ms, "
+        << format_double(r.prefill->flop_per_s / 1e12, 1) << " TFLOP/s = "
+        << format_double(100 * r.prefill->fraction_of_gemm, 1) << "% of cuBLASLt bf16\n";
+}
+
+}  // namespace
+
+void add_bench_llm_subcommand(CLI::App& bench, Runner& run) {
+  auto opt = std::make_shared<BenchLlmOptions>();
+  opt->model.engine.device = "cuda";
+  auto* sub = bench.add_subcommand("llm", "LLaMA decode/prefill speed against the floors this GPU sets");
+  sub->footer(
+      "Decode reads every weight and the cached keys/values once per step: the floor is those\n"
+      "bytes over the copy bandwidth measured in the same run. Prefill is measured against\n"
+      "cuBLASLt's bf16 GEMM rate, also measured here.\n\n"
+      "Examples:\n"
+      "  gpulab bench llm --config llama2-7b --dummy-weights --batch 1,16 --input 128 --output 128\n"
+      "  gpulab bench llm --model ./Llama-2-7b-hf --batch 1,8,32 --prefill 0 --json llm.json");
+  add_model_options(*sub, opt->model);
+  sub->add_option("--batch", opt->bench.batches, "Batch sizes to run, comma-separated")->delimiter(',')->capture_default_str();
+  sub->add_option("--input", opt->bench.input, "Prompt tokens per sequence")->capture_default_str();
+  sub->add_option("--output", opt->bench.output, "Generated tokens per sequence")->capture_default_str();
+  sub->add_option("--prefill", opt->bench.prefill, "Also time one prompt of this many tokens (0: skip)")
+      ->capture_default_str();
+  sub->add_option("--json", opt->json_path, "Write the figures as result JSON to this file");
+  sub->callback([&run, opt] {
+    run = [opt] {
+      core::require_devices();
+      const llm::WeightSource weights = load_weights(opt->model);
+      const llm::LlmBenchReport report = llm::bench_llm(weights, opt->model.engine, opt->bench);
+      print_report(std::cout, report, opt->bench);
+      if (!opt->json_path.empty()) {
+        core::ResultLog log(core::stamp_gpu(0));
+        add_results(log, report, opt->bench, opt->model.dummy_weights ? opt->model.config + " (random weights)" : opt->model.model);
+        log.write(opt->json_path);
+        std::cout << "wrote " << log.results().size() << " results to " << opt->json_path << "\n";
+      }
+      return int(core::kExitOk);
+    };
+  });
+}
+
+}  // namespace gpulab::cli

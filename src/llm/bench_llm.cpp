@@ -1,0 +1,185 @@
+#include "llm/bench_llm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "blas/matmul.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+
+namespace gpulab::llm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const double rank = p / 100 * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(rank), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (rank - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+int32_t argmax_row(std::span<const float> row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// Median time in ms of `reps` runs of `fn` on `stream`, after `warmup` untimed ones.
+template <class F>
+double median_ms(cudaStream_t stream, int warmup, int reps, F&& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> times;
+  core::EventTimer timer(stream);
+  for (int i = 0; i < reps; ++i) {
+    timer.start();
+    fn();
+    times.push_back(timer.stop());
+  }
+  return percentile(times, 50);
+}
+
+}  // namespace
+
+double decode_bytes_per_step(const LlamaConfig& c, int64_t batch, double kv_tokens, int64_t weight_bytes_per_param) {
+  const double embedding_table = static_cast<double>(c.vocab_size * c.hidden_size);
+  const double params_read = static_cast<double>(c.num_params()) - (c.tie_word_embeddings ? 0 : embedding_table);
+  const double kv_bytes_per_token = 2.0 * c.num_layers * c.kv_dim() * 2;  // K and V, bf16
+  return params_read * weight_bytes_per_param + static_cast<double>(batch * c.hidden_size * 2) +
+         kv_tokens * kv_bytes_per_token;
+}
+
+double prefill_flop(const LlamaConfig& c, int64_t tokens) {
+  const double t = static_cast<double>(tokens);
+  const double linear = static_cast<double>(c.num_layers) * c.hidden_size *
+                            (c.q_dim() + 2 * c.kv_dim() + c.q_dim() + 3 * c.intermediate_size) +
+                        static_cast<double>(c.vocab_size) * c.hidden_size / t;  // lm_head: the last token only
+  const double attention = 2.0 * 2.0 * c.num_layers * c.q_dim() * (t * (t + 1) / 2) / t;  // per token, causal
+  return 2.0 * t * linear + t * attention;
+}
+
+Ceilings measure_ceilings() {
+  Ceilings out;
+  core::Stream stream;
+  {
+    constexpr size_t kBytes = size_t(1) << 30;
+    core::DeviceBuffer<std::byte> a(kBytes), b(kBytes);
+    GPULAB_CHECK(cudaMemsetAsync(a.get(), 1, kBytes, stream));
+    const double ms = median_ms(stream, 3, 10, [&] {
+      GPULAB_CHECK(cudaMemcpyAsync(b.get(), a.get(), kBytes, cudaMemcpyDeviceToDevice, stream));
+    });
+    out.copy_bytes_per_s = 2.0 * kBytes / (ms * 1e-3);
+  }
+  {
+    constexpr int64_t n = 8192;
+    core::DeviceBuffer<std::byte> a(n * n * 2), b(n * n * 2), c(n * n * 2);
+    GPULAB_CHECK(cudaMemsetAsync(a.get(), 0x3C, a.bytes(), stream));  // bf16 0x3C3C: small and nonzero
+    GPULAB_CHECK(cudaMemsetAsync(b.get(), 0x3C, b.bytes(), stream));
+    blas::Blas blas;
+    const double ms = median_ms(stream, 5, 20, [&] {
+      blas.matmul({n, n, n, false, true}, {core::DType::bf16, core::DType::bf16, core::DType::bf16}, a.get(), b.get(),
+                  c.get(), stream);
+    });
+    out.gemm_bf16_flop_per_s = 2.0 * n * n * n / (ms * 1e-3);
+  }
+  return out;
+}
+
+LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const LlmBenchOptions& o) {
+  if (o.input < 1 || o.output < 1 || o.batches.empty() || o.prefill < 0)
+    throw core::InputError("bench llm: --input and --output must be at least 1, and --batch must list batch sizes");
+  spec.device = "cuda";
+  const LlamaConfig& c = weights.config();
+  LlmBenchReport report;
+  report.ceilings = measure_ceilings();
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int32_t> token(1, static_cast<int32_t>(c.vocab_size - 1));
+
+  for (const int64_t batch : o.batches) {
+    if (batch < 1) throw core::InputError("bench llm: batch sizes must be at least 1");
+    EngineSpec s = spec;
+    s.cuda.max_batch = batch;
+    s.cuda.max_seq_len = o.input + o.output;
+    const std::unique_ptr<Engine> engine = make_engine(weights, s);
+    std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(o.input));
+    for (auto& p : prompts) std::generate(p.begin(), p.end(), [&] { return token(rng); });
+    std::vector<SeqId> seqs;
+    for (int64_t i = 0; i < batch; ++i) {
+      const std::optional<SeqId> id = engine->open(o.input + o.output);
+      if (!id) throw core::InputError("bench llm: the KV cache has no room for batch " + std::to_string(batch));
+      seqs.push_back(*id);
+    }
+    std::vector<float> logits(batch * c.vocab_size);
+    std::vector<std::vector<int32_t>> last(batch, std::vector<int32_t>(1));
+    auto sample = [&] {
+      for (int64_t i = 0; i < batch; ++i)
+        last[i][0] = argmax_row(std::span(logits).subspan(i * c.vocab_size, c.vocab_size));
+    };
+
+    DecodeFigures f;
+    f.batch = batch;
+    std::vector<std::span<const int32_t>> chunks(prompts.begin(), prompts.end());
+    auto t0 = Clock::now();
+    engine->step(seqs, chunks, logits);
+    sample();
+    f.ttft_ms = ms_since(t0);
+    chunks.assign(last.begin(), last.end());
+    std::vector<double> steps;
+    for (int64_t t = 1; t < o.output; ++t) {
+      t0 = Clock::now();
+      engine->step(seqs, chunks, logits);
+      sample();
+      steps.push_back(ms_since(t0));
+    }
+    for (SeqId id : seqs) engine->close(id);
+    double total_ms = f.ttft_ms;
+    for (double ms : steps) total_ms += ms;
+    f.step_ms_median = steps.empty() ? 0 : percentile(steps, 50);
+    f.step_ms_p90 = steps.empty() ? 0 : percentile(steps, 90);
+    f.decode_tokens_per_s = f.step_ms_median > 0 ? 1e3 * batch / f.step_ms_median : 0;
+    f.end_to_end_tokens_per_s = 1e3 * static_cast<double>(batch * o.output) / total_ms;
+    // Decode steps read input .. input + output - 2 cached tokens per sequence: the mean is taken.
+    const double mean_kv = static_cast<double>(batch) * (static_cast<double>(o.input) + (o.output - 2) / 2.0 + 1);
+    f.bytes_per_step = decode_bytes_per_step(c, batch, mean_kv);
+    f.floor_ms = 1e3 * f.bytes_per_step / report.ceilings.copy_bytes_per_s;
+    f.fraction_of_floor = f.step_ms_median > 0 ? f.floor_ms / f.step_ms_median : 0;
+    core::log_info("bench llm: batch ", batch, ": ", f.step_ms_median, " ms/step, ", f.decode_tokens_per_s,
+                   " tokens/s, ", 100 * f.fraction_of_floor, "% of the floor");
+    report.decode.push_back(f);
+  }
+
+  if (o.prefill > 0) {
+    EngineSpec s = spec;
+    s.cuda.max_batch = 1;
+    s.cuda.max_seq_len = o.prefill;
+    s.cuda.max_step_tokens = std::max(s.cuda.max_step_tokens, o.prefill);
+    const std::unique_ptr<Engine> engine = make_engine(weights, s);
+    std::vector<int32_t> prompt(o.prefill);
+    std::generate(prompt.begin(), prompt.end(), [&] { return token(rng); });
+    std::vector<float> logits(c.vocab_size);
+    std::vector<double> times;
+    for (int rep = 0; rep < 4; ++rep) {  // the first makes the plans for this shape
+      const std::optional<SeqId> id = engine->open(o.prefill);
+      if (!id) throw core::InputError("bench llm: the KV cache has no room for a " + std::to_string(o.prefill) + "-token prompt");
+      const SeqId seq = *id;
+      const std::span<const int32_t> chunk(prompt);
+      const auto t0 = Clock::now();
+      engine->step(std::span(&seq, 1), std::span(&chunk, 1), logits);
+      if (rep > 0) times.push_back(ms_since(t0));
+      engine->close(seq);
+    }
+    PrefillFigures p;
+    p.tokens = o.prefill;
+    p.ms = percentile(times, 50);
+    p.flop = prefill_flop(c, o.prefill);
+    p.flop_per_s = p.flop / (p.ms * 1e-3);
+    p.fraction_of_gemm = p.flop_per_s / report.ceilings.gemm_bf16_flop_per_s;
+    report.prefill = p;
+  }
+  return report;
+}
+
+}  // namespace gpulab::llm

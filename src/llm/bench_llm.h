@@ -1,0 +1,69 @@
+// `gpulab bench llm`: how close LLM inference comes to what the GPU allows. Decode reads every
+// weight (and each sequence's KV cache) once per step, so its floor is those bytes over the
+// measured copy bandwidth; prefill is GEMM work, measured against cuBLASLt's bf16 rate in the
+// same run.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "llm/make_engine.h"
+#include "llm/weights.h"
+
+namespace gpulab::llm {
+
+struct LlmBenchOptions {
+  std::vector<int64_t> batches{1, 16};
+  int64_t input = 128;    // prompt tokens per sequence
+  int64_t output = 128;   // generated tokens per sequence
+  int64_t prefill = 2048; // one prompt of this many tokens, timed alone (0: skip)
+  uint64_t seed = 1;      // prompt token ids
+};
+
+// The ceilings the figures are measured against, measured in the same run.
+struct Ceilings {
+  double copy_bytes_per_s = 0;    // device-to-device copy, read + write bytes
+  double gemm_bf16_flop_per_s = 0;  // cuBLASLt bf16, 8192³
+};
+
+struct DecodeFigures {
+  int64_t batch = 0;
+  double ttft_ms = 0;            // the batch's prompts prefilled, first tokens sampled
+  double step_ms_median = 0;     // one decode step of the whole batch
+  double step_ms_p90 = 0;
+  double decode_tokens_per_s = 0;      // batch / median step
+  double end_to_end_tokens_per_s = 0;  // batch · output / (TTFT + all steps)
+  double bytes_per_step = 0;     // weights read + mean KV read per step
+  double floor_ms = 0;           // bytes_per_step over the copy bandwidth
+  double fraction_of_floor = 0;  // floor_ms / step_ms_median
+};
+
+struct PrefillFigures {
+  int64_t tokens = 0;
+  double ms = 0;
+  double flop = 0;  // GEMMs plus causal attention
+  double flop_per_s = 0;
+  double fraction_of_gemm = 0;  // of Ceilings::gemm_bf16_flop_per_s
+};
+
+struct LlmBenchReport {
+  Ceilings ceilings;
+  std::vector<DecodeFigures> decode;
+  std::optional<PrefillFigures> prefill;
+};
+
+Ceilings measure_ceilings();
+
+// Runs each batch on a CUDA engine sized for it (so decode steps carry exactly that batch),
+// greedy, every sequence generating `output` tokens.
+LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const LlmBenchOptions& options);
+
+// Bytes a decode step must read: every weight but the embedding table (one row a token),
+// plus `kv_tokens` cached tokens' keys and values.
+double decode_bytes_per_step(const LlamaConfig& c, int64_t batch, double kv_tokens, int64_t weight_bytes_per_param = 2);
+// FLOPs of a forward pass over a `tokens`-token prompt: 2 per weight per token, plus causal
+// attention's QKᵀ and PV.
+double prefill_flop(const LlamaConfig& c, int64_t tokens);
+
+}  // namespace gpulab::llm
