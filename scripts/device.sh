@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-call GPU workflow (DESIGN.md): run on the GPU machine from the repository root.
 #   scripts/device.sh [--bench "SUITE ..."] [--bench-args "..."] [--peers "SCRIPT ..."]
-#                     [--tests REGEX] [--label cpu|gpu] [--no-tests] [--test-timeout S]
+#                     [--tests REGEX] [--label cpu|gpu] [--no-tests] [--test-timeout S] [--per-test S]
 # 1. unpacks carried .deb dependencies (.deps/*.deb) into .deps/root,
 # 2. configures and builds with Ninja on all cores into build-device/,
 # 3. runs every test (cpu and gpu labels), 4. records `gpulab info`,
@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpulab-out}
 mkdir -p "$out"
-bench="" bench_args="" peers="" tests="" label="" run_tests=1 test_timeout=420
+bench="" bench_args="" peers="" tests="" label="" run_tests=1 test_timeout=420 per_test=300
 while (($#)); do
   case $1 in
     --bench) bench=$2; shift 2 ;;
@@ -19,7 +19,8 @@ while (($#)); do
     --tests) tests=$2; shift 2 ;;
     --label) label=$2; shift 2 ;;
     --no-tests) run_tests=0; shift ;;
-    --test-timeout) test_timeout=$2; shift 2 ;;
+    --test-timeout) test_timeout=$2; shift 2 ;;   # all tests together
+    --per-test) per_test=$2; shift 2 ;;           # one test: a hang costs no more than this
     *) echo "device.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -55,7 +56,7 @@ gpulab=build-device/src/cli/gpulab
 "$gpulab" info --json >"$out/info.json"
 
 if ((run_tests)); then
-  ctest_args=(--test-dir build-device --output-on-failure -j 4 --timeout 300)
+  ctest_args=(--test-dir build-device --output-on-failure -j 4 --timeout "$per_test")
   [[ -n $tests ]] && ctest_args+=(-R "$tests")
   [[ -n $label ]] && ctest_args+=(-L "$label")
   start=$(date +%s)

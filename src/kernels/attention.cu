@@ -206,11 +206,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int s0 = split * kSplit, n = min(len - s0, kSplit);
     __syncthreads();  // q is loaded; the previous split's scores and partials are consumed
 
-    for (int j = row; j < n; j += kRows) {
-      const T* kp = k_cache + (slot_of(s0 + j) * kv_heads + kvh) * D;
-      float kv[kChunks][kVec];
+    // Every lane of a warp runs every pass (the shuffles need them all): rows past n load nothing.
+    for (int j0 = 0; j0 < n; j0 += kRows) {
+      const int j = j0 + row;
+      float kv[kChunks][kVec] = {};
+      if (j < n) {
+        const T* kp = k_cache + (slot_of(s0 + j) * kv_heads + kvh) * D;
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) load_vec(kv[c], kp + col(c));
+        for (int c = 0; c < kChunks; ++c) load_vec(kv[c], kp + col(c));
+      }
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         if (g >= group) break;
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
           for (int e = 0; e < kVec; ++e) dot += qs[g][col(c) + e] * kv[c][e];
 #pragma unroll
         for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (lane_in_row == 0) scores[g][j] = dot;
+        if (lane_in_row == 0 && j < n) scores[g][j] = dot;
       }
     }
     __syncthreads();
