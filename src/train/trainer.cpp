@@ -257,7 +257,7 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
       report.timed_seconds = seconds;
       report.images_per_second = r.images_per_second;
     }
-    if (on_step) on_step(r);
+    // Before the report: a run stopped in on_step has its checkpoint.
     if (!opt.checkpoint_dir.empty() && ((step + 1) % checkpoint_every == 0 || step + 1 == opt.steps)) {
       const Clock::time_point t0 = Clock::now();
       TrainState st = capture_training(net, optimizer, scaler.get(), stream);
@@ -267,6 +267,7 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
       ++report.checkpoints_written;
       if (step >= untimed) untimed_pauses += Clock::now() - t0;
     }
+    if (on_step) on_step(r);
   }
   stream.synchronize();
   if (scaler) report.skipped_steps = scaler->read(stream).skipped_steps;
