@@ -173,19 +173,17 @@ void put_param(std::vector<float>& packed, const Slot& s, const ResNetLayout& la
   }
 }
 
-ModelState read_model(const core::SafetensorsFile& f, const ResNetLayout& layout) {
+ModelState read_model(const core::SafetensorsFile& f, const ResNetLayout& layout, const std::string& prefix) {
   ModelState m;
-  m.params.resize(size_t(resnet_param_count(layout)));
+  m.params = read_param_tensors(f, layout, prefix);
   m.running_mean.resize(size_t(stat_count(layout)));
   m.running_var.resize(m.running_mean.size());
   for (const Slot& s : slots(layout)) {
-    if (s.kind == Slot::tracked) {  // the same in every BN; absent in some exports
-      m.batches_tracked = read_integer(f, s.name, false).value_or(m.batches_tracked);
-      continue;
-    }
-    const std::vector<float> v = *read_floats(f, s.name, s.shape, layout);
-    if (s.kind == Slot::param) put_param(m.params, s, layout, v);
-    else std::copy(v.begin(), v.end(), (s.kind == Slot::mean ? m.running_mean : m.running_var).begin() + s.offset);
+    if (s.kind == Slot::tracked)  // the same in every BN; absent in some exports
+      m.batches_tracked = read_integer(f, prefix + s.name, false).value_or(m.batches_tracked);
+    if (s.kind != Slot::mean && s.kind != Slot::var) continue;
+    const std::vector<float> v = *read_floats(f, prefix + s.name, s.shape, layout);
+    std::copy(v.begin(), v.end(), (s.kind == Slot::mean ? m.running_mean : m.running_var).begin() + s.offset);
   }
   return m;
 }
@@ -203,8 +201,16 @@ void write_torchvision(const fs::path& path, const ResNetLayout& layout, const M
   core::write_safetensors(path, w.tensors, {{"format", "pt"}, {"model", model_text(layout)}});
 }
 
-ModelState read_torchvision(const fs::path& path, const ResNetLayout& layout) {
-  return read_model(core::SafetensorsFile(path), layout);
+ModelState read_torchvision(const fs::path& path, const ResNetLayout& layout, const std::string& prefix) {
+  return read_model(core::SafetensorsFile(path), layout, prefix);
+}
+
+std::vector<float> read_param_tensors(const core::SafetensorsFile& f, const ResNetLayout& layout,
+                                      const std::string& prefix) {
+  std::vector<float> packed(size_t(resnet_param_count(layout)));
+  for (const Slot& s : slots(layout))
+    if (s.kind == Slot::param) put_param(packed, s, layout, *read_floats(f, prefix + s.name, s.shape, layout));
+  return packed;
 }
 
 fs::path checkpoint_file(const fs::path& dir) { return dir / "checkpoint.safetensors"; }
@@ -251,11 +257,8 @@ TrainState read_checkpoint(const fs::path& dir, const ResNetLayout& layout, int 
   }
   for (const auto& [k, v] : meta)
     if (k.rfind("recipe.", 0) == 0) st.recipe[k.substr(7)] = v;
-  st.model = read_model(f, layout);
-  st.moments.assign(size_t(moment_count), std::vector<float>(st.model.params.size()));
-  for (int k = 0; k < moment_count; ++k)
-    for (const Slot& s : slots(layout))
-      if (s.kind == Slot::param) put_param(st.moments[size_t(k)], s, layout, *read_floats(f, kMomentNames[k] + s.name, s.shape, layout));
+  st.model = read_model(f, layout, "");
+  for (int k = 0; k < moment_count; ++k) st.moments.push_back(read_param_tensors(f, layout, kMomentNames[k]));
   st.optimizer_steps = int32_t(*read_integer(f, "optimizer.steps", true));
   if (const auto scale = read_floats(f, "scaler.scale", {}, layout, false)) {
     st.scaler = LossScaleState{(*scale)[0], int32_t(*read_integer(f, "scaler.growth_tracker", true)), 0,

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
 #include "train/resnet.h"
@@ -49,10 +50,15 @@ std::vector<float> oihw_to_ohwi(const float* w, int out, int in, int k);
 // Writes the model under torchvision names (an export). Throws core::Error when the file
 // cannot be written; the file at `path` is then as it was.
 void write_torchvision(const std::filesystem::path& path, const ResNetLayout& layout, const ModelState& model);
-// Reads torchvision-named weights for `layout`. Every parameter and running statistic must be
+// Reads torchvision-named weights for `layout` (names after `prefix`). Every parameter and running statistic must be
 // there with its exact shape (num_batches_tracked may be absent); fp32, fp16 or bf16. Throws
 // core::InputError naming the file and the first problem.
-ModelState read_torchvision(const std::filesystem::path& path, const ResNetLayout& layout);
+ModelState read_torchvision(const std::filesystem::path& path, const ResNetLayout& layout,
+                            const std::string& prefix = "");
+// One parameter-shaped array (gradients, moments) stored as `prefix` + each parameter's name,
+// packed in our layout.
+std::vector<float> read_param_tensors(const core::SafetensorsFile& file, const ResNetLayout& layout,
+                                      const std::string& prefix);
 
 // DIR/checkpoint.safetensors.
 std::filesystem::path checkpoint_file(const std::filesystem::path& dir);
