@@ -37,7 +37,9 @@ int run_train(TrainCli& c) {
 
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit must fail a checkpoint write (EFBIG), not kill the run
   std::unique_ptr<core::ProgressBar> bar;
+  std::vector<float> loss_curve;  // per step, for the JSON (bench/compare_curves.py)
   const train::TrainReport r = train::run_training(o, [&](const train::StepReport& s) {
+    loss_curve.push_back(s.loss);
     if (!bar) bar = std::make_unique<core::ProgressBar>("train", uint64_t(o.steps));
     char suffix[160];
     std::snprintf(suffix, sizeof suffix, "%.0f img/s  loss %.4f  lr %.4g%s", s.images_per_second, s.loss, s.lr,
@@ -73,7 +75,10 @@ int run_train(TrainCli& c) {
                              {"data", o.data.empty() ? "synthetic" : o.data}, {"first_loss", r.first_loss},
                              {"last_loss", r.last_loss}, {"skipped_steps", r.skipped_steps},
                              {"corrupt_skipped", r.corrupt_skipped}, {"timed_images", r.timed_images},
-                             {"timed_seconds", r.timed_seconds}};
+                             {"timed_seconds", r.timed_seconds},
+                             {"untimed_steps", std::min<int64_t>(o.warmup_steps_untimed, o.steps - r.start_step - 1)},
+                             {"deterministic", o.deterministic}, {"first_step", r.start_step},
+                             {"loss_curve", loss_curve}};
     if (r.val_images) params["val"] = {{"images", r.val_images}, {"top1", r.val_top1}, {"loss", r.val_loss}};
     core::Result res{"train", name, "throughput", r.images_per_second, "img/s", std::nullopt, params};
     log.add(res);
