@@ -209,9 +209,10 @@ struct ResNet::Impl {
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
   // The persistent kernels are documented for fp32 and fp16 (NHWC: no overflow caveat); bf16
-  // keeps the general path. Both keep the same statistics, so inference uses SPATIAL.
+  // keeps the general path. Both keep the same statistics, so inference uses SPATIAL. The
+  // persistent kernels' reductions are only documented deterministic for NCHW.
   cudnnBatchNormMode_t bn_mode() const {
-    return opt.dtype == core::DType::bf16 ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    return opt.dtype == core::DType::bf16 || opt.deterministic ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   }
 };
 

@@ -112,7 +112,7 @@ def main():
     lamb_state = state(model, "lamb.")
     for k in lamb_state:  # the BN statistics after the forward, as in the SGD case
         if "running_" in k or "num_batches_tracked" in k:
-            lamb_state[k] = out["after." + k[len("lamb."):]]
+            lamb_state[k] = out["after." + k[len("lamb."):]].clone()  # save_file refuses shared storage
     out.update(lamb_state)
 
     meta = {"depth": str(args.depth), "classes": str(args.classes), "batch": str(args.batch),
