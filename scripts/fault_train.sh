@@ -57,7 +57,8 @@ check "no temporary files left" test -z "$(find "$dir" -name '*.tmp.*')"
 
 echo "== a full disk: file-size limit"
 dir=$work/limited
-small=(--synthetic --depth 18 --image-size 64 --batch 32 --steps 4 --deterministic --checkpoint "$dir"
+# Checkpoints every 2 of 20 steps: the kill lands long before the last, so a resume has to write.
+small=(--synthetic --depth 18 --image-size 64 --batch 32 --steps 20 --deterministic --checkpoint "$dir"
        --checkpoint-every 2)
 "$gpulab" train "${small[@]}" >"$work/limited.log" 2>&1 &
 pid=$!
