@@ -135,6 +135,9 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   // Checkpoints are read before anything starts on the GPU: a bad file is an input error.
   const ResNetConfig net_config{opt.depth, classes, 64, false};
   const ResNetLayout layout = resnet_layout(net_config);
+  if (!opt.resume && !opt.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_file(opt.checkpoint_dir)))
+    throw core::InputError(checkpoint_file(opt.checkpoint_dir).string() +
+                           " exists: add --resume to continue that run, or choose another --checkpoint folder");
   std::optional<TrainState> resumed;
   if (opt.resume) resumed = read_checkpoint(opt.checkpoint_dir, layout, opt.optimizer.kind == OptimizerKind::lamb ? 2 : 1);
   std::optional<ModelState> init;

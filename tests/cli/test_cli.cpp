@@ -369,6 +369,9 @@ TEST(Cli, TrainBadCheckpointOrWeightsExit2) {
   r = run("train --synthetic --checkpoint " + dir.string() + " --resume");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("checkpoint.safetensors"), std::string::npos) << r.out;
+  r = run("train --synthetic --checkpoint " + dir.string());  // would overwrite it
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("add --resume"), std::string::npos) << r.out;
   const std::vector<float> w(10 * 2048);
   gpulab::core::write_safetensors(dir / "fc.safetensors", {{"fc.weight", gpulab::core::DType::f32, {10, 2048},
                                                             {reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4}}});
