@@ -14,19 +14,14 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/train_test_util.h"
 
 using namespace gpulab;
 using namespace gpulab::train;
+using fixtures::temp_dir;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path temp_dir(const std::string& tag) {
-  const fs::path d = fs::temp_directory_path() / ("gpulab_ckpt_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 std::vector<float> random_floats(size_t n, std::mt19937& gen) {
   std::normal_distribution<float> d;
@@ -98,7 +93,7 @@ TEST(Checkpoint, ConvWeightsTurnBetweenOhwiAndOihw) {
 }
 
 TEST(Checkpoint, ExportHasTorchvisionStateDictNamesShapesAndOrder) {
-  const fs::path dir = temp_dir("export");
+  const fs::path dir = temp_dir("ckpt_export");
   for (const int depth : {18, 50}) {
     SCOPED_TRACE(depth);
     const ResNetLayout layout = resnet_layout({depth, 1000, 64, false});
@@ -139,7 +134,7 @@ TEST(Checkpoint, ExportHasTorchvisionStateDictNamesShapesAndOrder) {
 }
 
 TEST(Checkpoint, TorchvisionWeightsInHalfPrecisionAndWithoutBatchCountLoad) {
-  const fs::path dir = temp_dir("half");
+  const fs::path dir = temp_dir("ckpt_half");
   const ResNetLayout layout = resnet_layout({18, 10, 8, false});
   const ModelState m = random_model(layout, 3);
   write_torchvision(dir / "full.safetensors", layout, m);
@@ -165,7 +160,7 @@ TEST(Checkpoint, TorchvisionWeightsInHalfPrecisionAndWithoutBatchCountLoad) {
 }
 
 TEST(Checkpoint, RoundTripIsBitExact) {
-  const fs::path dir = temp_dir("roundtrip");
+  const fs::path dir = temp_dir("ckpt_roundtrip");
   const ResNetLayout layout = resnet_layout({50, 10, 8, false});
   for (const int moments : {1, 2}) {
     TrainState s = random_state(layout, moments, 11);
@@ -191,7 +186,7 @@ TEST(Checkpoint, RoundTripIsBitExact) {
 }
 
 TEST(Checkpoint, BadFilesGiveOneClearInputError) {
-  const fs::path dir = temp_dir("bad");
+  const fs::path dir = temp_dir("ckpt_bad");
   const ResNetLayout r18 = resnet_layout({18, 10, 8, false});
   const ResNetLayout r34 = resnet_layout({34, 10, 8, false});
   const ResNetLayout r50 = resnet_layout({50, 10, 8, false});
@@ -236,7 +231,7 @@ TEST(Checkpoint, RecipeMismatchNamesTheOption) {
 // A disk that fills up mid-write: a file-size limit makes write() fail with EFBIG (SIGXFSZ
 // ignored, as `gpulab train` does). The error names the file; the previous checkpoint stays.
 TEST(Checkpoint, FailedWriteKeepsThePreviousCheckpoint) {
-  const fs::path dir = temp_dir("full");
+  const fs::path dir = temp_dir("ckpt_full");
   const ResNetLayout layout = resnet_layout({18, 10, 8, false});
   TrainState first = random_state(layout, 1, 21);
   write_checkpoint(dir, layout, first);

@@ -2,7 +2,6 @@
 // like the uninterrupted run (losses, weights, BN statistics, optimizer and scaler state), on
 // synthetic data and on a JPEG folder; --init-from takes an export back exactly.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -14,19 +13,14 @@
 #include "data/dataset.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "train/train_test_util.h"
 
 using namespace gpulab;
 using namespace gpulab::train;
+using fixtures::temp_dir;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path temp_dir(const std::string& tag) {
-  const fs::path d = fs::temp_directory_path() / ("gpulab_resume_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 std::string file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -34,18 +28,11 @@ std::string file_bytes(const fs::path& p) {
 }
 
 TrainOptions tiny_run(const std::string& precision, OptimizerKind kind) {
-  TrainOptions o;
-  o.depth = 18;
-  o.classes = 10;
-  o.image_size = 32;
-  o.batch = 8;
-  o.steps = 8;
-  o.warmup_steps_untimed = 1;
+  TrainOptions o = fixtures::tiny_run();
   o.precision = precision;
   o.optimizer.kind = kind;
   o.optimizer.weight_decay = kind == OptimizerKind::lamb ? 0.01f : 5e-5f;
   o.schedule.base = kind == OptimizerKind::lamb ? 0.005 : kind == OptimizerKind::lars ? 0.5 : 0.05;
-  o.schedule.warmup = 2;
   o.seed = 5;
   o.deterministic = true;
   o.loader_threads = 3;
@@ -123,7 +110,7 @@ TEST(CheckpointGpu, ResumeIsBitIdenticalOnSyntheticData) {
 
 TEST(CheckpointGpu, ResumeIsBitIdenticalOnJpegFolder) {
   GPULAB_REQUIRE_GPU();
-  const fs::path data = temp_dir("shapes");
+  const fs::path data = temp_dir("ckpt_shapes");
   data::MakeOptions mo;
   mo.classes = 3;
   mo.train_images = 20;  // 60 images: 7 batches of 8 per epoch, so the run crosses epochs
@@ -143,7 +130,7 @@ TEST(CheckpointGpu, ResumeIsBitIdenticalOnJpegFolder) {
 
 TEST(CheckpointGpu, ResumeRefusesOtherOptions) {
   GPULAB_REQUIRE_GPU();
-  const fs::path dir = temp_dir("refuse");
+  const fs::path dir = temp_dir("ckpt_refuse");
   TrainOptions o = tiny_run("fp32", OptimizerKind::sgd);
   o.steps = 2;
   o.checkpoint_dir = (dir / "ckpt").string();
@@ -166,7 +153,7 @@ TEST(CheckpointGpu, ResumeRefusesOtherOptions) {
 // parameter (only the BN running statistics, which a training forward updates).
 TEST(CheckpointGpu, InitFromTakesAnExportBackExactly) {
   GPULAB_REQUIRE_GPU();
-  const fs::path dir = temp_dir("init");
+  const fs::path dir = temp_dir("ckpt_init");
   for (const char* precision : {"fp32", "fp16"}) {
     SCOPED_TRACE(precision);
     TrainOptions o = tiny_run(precision, OptimizerKind::sgd);
