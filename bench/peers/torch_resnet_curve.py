@@ -24,12 +24,20 @@ import datetime
 import json
 import math
 import os
+import subprocess
 
 import torch
 import torchvision
 from torchvision import transforms
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def git_revision():
+    try:
+        return subprocess.check_output(["git", "describe", "--always", "--dirty"], text=True).strip()
+    except Exception:
+        return "unknown"
 
 
 def cosine(step, base, end, warmup, total):
@@ -137,7 +145,7 @@ def main():
                    "torchvision": torchvision.__version__},
         "gpu": {"name": torch.cuda.get_device_properties(0).name, "sm_clock": None, "mem_clock": None,
                 "driver": None},
-        "git": None,
+        "git": git_revision(),
         "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if args.json:
