@@ -359,7 +359,8 @@ auto pick(const Perf* perfs, int count, size_t limit, bool strict, bool determin
     if (strict && (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) continue;
     return p.algo;
   }
-  throw core::Error("cuDNN offers no " + what + " algorithm for this convolution within the workspace limit");
+  throw core::Error("cuDNN offers no " + what + " algorithm for this convolution within the workspace limit" +
+                    (strict ? ", without tensor cores" : "") + (deterministic ? ", deterministic" : ""));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // synthetic data and on a JPEG folder; --init-from takes an export back exactly.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
