@@ -10,12 +10,12 @@
 #include <optional>
 
 #include "core/device.h"
-#include "train/checkpoint.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "data/folder.h"
 #include "data/loader.h"
 #include "data/rng.h"
+#include "train/checkpoint.h"
 
 namespace gpulab::train {
 
@@ -91,6 +91,9 @@ void evaluate(const TrainOptions& opt, core::DType dtype, ResNet& net, void* ima
   report.val_loss = loss_sum / double(n);
 }
 
+constexpr const char* kOptimizerNames[] = {"sgd", "lars", "lamb"};  // OptimizerKind order
+constexpr const char* kScheduleNames[] = {"cosine", "poly", "step"};  // ScheduleKind order
+
 // The options a checkpoint's bits depend on; a resume must repeat them.
 std::map<std::string, std::string> recipe(const TrainOptions& o, int classes, const data::Loader* loader) {
   auto num = [](double v) {
@@ -107,11 +110,11 @@ std::map<std::string, std::string> recipe(const TrainOptions& o, int classes, co
           {"accum", std::to_string(o.accum)}, {"steps", std::to_string(o.steps)}, {"seed", std::to_string(o.seed)},
           {"label_smoothing", num(o.label_smoothing)}, {"deterministic", o.deterministic ? "yes" : "no"},
           {"data", loader ? std::to_string(loader->folder().samples.size()) + " images" : "synthetic"},
-          {"optimizer", std::to_string(int(c.kind)) + " momentum " + num(c.momentum) + (c.nesterov ? " nesterov" : "") +
+          {"optimizer", std::string(kOptimizerNames[int(c.kind)]) + " momentum " + num(c.momentum) + (c.nesterov ? " nesterov" : "") +
                             " wd " + num(c.weight_decay) + " eta " + num(c.lars_eta) + " eps " + num(c.lars_eps) +
                             " betas " + num(c.beta1) + " " + num(c.beta2) + " " + num(c.lamb_eps) + " clip " +
                             num(c.max_grad_norm)},
-          {"schedule", std::to_string(int(s.kind)) + " lr " + num(s.base) + " end " + num(s.end) + " warmup " +
+          {"schedule", std::string(kScheduleNames[int(s.kind)]) + " lr " + num(s.base) + " end " + num(s.end) + " warmup " +
                            std::to_string(s.warmup) + " power " + num(s.power) + " gamma " + num(s.gamma) +
                            " milestones " + milestones}};
 }
