@@ -1,4 +1,5 @@
 // gpulab train: ResNet-N v1.5 training on synthetic data or an ImageNet-layout folder.
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -34,8 +35,11 @@ int run_train(TrainCli& c) {
   if (o.schedule.kind == train::ScheduleKind::step && o.schedule.milestones.empty())
     o.schedule.milestones = {o.steps * 30 / 90, o.steps * 60 / 90, o.steps * 80 / 90};  // torchvision's epochs 30/60/80 of 90
 
+  std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit must fail a checkpoint write (EFBIG), not kill the run
   std::unique_ptr<core::ProgressBar> bar;
+  std::vector<float> loss_curve;  // per step, for the JSON (bench/compare_curves.py)
   const train::TrainReport r = train::run_training(o, [&](const train::StepReport& s) {
+    loss_curve.push_back(s.loss);
     if (!bar) bar = std::make_unique<core::ProgressBar>("train", uint64_t(o.steps));
     char suffix[160];
     std::snprintf(suffix, sizeof suffix, "%.0f img/s  loss %.4f  lr %.4g%s", s.images_per_second, s.loss, s.lr,
@@ -57,6 +61,9 @@ int run_train(TrainCli& c) {
   if (r.val_images)
     std::cout << "validation: top-1 " << format_double(100 * r.val_top1, 2) << "% of " << r.val_images
               << " images, loss " << format_double(r.val_loss, 4) << "\n";
+  if (r.start_step) std::cout << "resumed at step " << r.start_step << " from " << o.checkpoint_dir << "\n";
+  if (r.checkpoints_written) std::cout << r.checkpoints_written << " checkpoints written to " << o.checkpoint_dir << "\n";
+  if (!o.export_path.empty()) std::cout << "weights exported to " << o.export_path << " (torchvision names)\n";
   if (r.corrupt_skipped)
     std::cout << r.corrupt_skipped << " corrupt images skipped (" << r.corrupt_files.size() << " files)\n";
 
@@ -68,7 +75,10 @@ int run_train(TrainCli& c) {
                              {"data", o.data.empty() ? "synthetic" : o.data}, {"first_loss", r.first_loss},
                              {"last_loss", r.last_loss}, {"skipped_steps", r.skipped_steps},
                              {"corrupt_skipped", r.corrupt_skipped}, {"timed_images", r.timed_images},
-                             {"timed_seconds", r.timed_seconds}};
+                             {"timed_seconds", r.timed_seconds},
+                             {"untimed_steps", std::min<int64_t>(o.warmup_steps_untimed, o.steps - r.start_step - 1)},
+                             {"deterministic", o.deterministic}, {"first_step", r.start_step},
+                             {"loss_curve", loss_curve}};
     if (r.val_images) params["val"] = {{"images", r.val_images}, {"top1", r.val_top1}, {"loss", r.val_loss}};
     core::Result res{"train", name, "throughput", r.images_per_second, "img/s", std::nullopt, params};
     log.add(res);
@@ -109,6 +119,15 @@ void add_train_command(CLI::App& app, Runner& run) {
   sub->add_option("--seed", o.seed, "Seed for weights, data order and augmentation")->capture_default_str();
   sub->add_flag("--eval", o.eval, "After training, top-1 on DIR/val (eval transform: resize, center crop)");
   sub->add_option("--json", c->json_path, "Write the result (img/s, losses, settings) as JSON");
+  auto* ckpt = sub->add_option("--checkpoint", o.checkpoint_dir,
+                               "Write DIR/checkpoint.safetensors (weights, optimizer, loss scaler, position), atomically");
+  sub->add_option("--checkpoint-every", o.checkpoint_every, "Checkpoint every K steps (default: each epoch with --data, else at the end)");
+  auto* resume = sub->add_flag("--resume", o.resume, "Continue from the --checkpoint DIR (same options: bit-identical with --deterministic)")
+                     ->needs(ckpt);
+  sub->add_option("--init-from", o.init_from, "Start from torchvision-named weights (safetensors, e.g. an --export or a checkpoint)")
+      ->excludes(resume);
+  sub->add_option("--export", o.export_path, "After training, write the weights under torchvision names (safetensors)");
+  sub->add_flag("--deterministic", o.deterministic, "Only deterministic cuDNN algorithms: runs repeat bit for bit");
   sub->footer("Examples:\n  gpulab train --synthetic --precision fp16 --batch 256 --steps 100\n"
               "  gpulab dataset make /tmp/shapes --classes 12 --images 200 && \\\n"
               "  gpulab train --data /tmp/shapes --depth 18 --image-size 64 --batch 64 --steps 300 --lr 0.2 --warmup 20 --eval");

@@ -23,6 +23,9 @@ Loader::Loader(ImageFolder folder, LoaderOptions opt) : folder_(std::move(folder
     s.images.resize(image_bytes_ * opt_.batch);
     s.labels.resize(opt_.batch);
   }
+  if (opt_.first_batch < 0) throw core::InputError("loader: first batch must not be negative");
+  consumed_ = opt_.first_batch;  // batch contents depend on the seed and their number only
+  next_job_ = opt_.first_batch * opt_.batch;
   for (int t = 0; t < opt_.threads; ++t) threads_.emplace_back([this] { work(); });
 }
 

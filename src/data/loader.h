@@ -26,6 +26,7 @@ struct LoaderOptions {
   int prefetch = 2;  // batches being filled while the consumer holds one
   uint64_t seed = 0;
   bool train = true;  // false: file order, eval transform
+  int64_t first_batch = 0;  // global batch number to start at (a resumed run's position)
   AugmentSpec augment;
 };
 

@@ -79,4 +79,9 @@ LossScaleState LossScaler::read(cudaStream_t stream) const {
   return s;
 }
 
+void LossScaler::load(const LossScaleState& state, cudaStream_t stream) {
+  GPULAB_CHECK(cudaMemcpyAsync(state_, &state, sizeof state, cudaMemcpyHostToDevice, stream));
+  GPULAB_CHECK(cudaStreamSynchronize(stream));
+}
+
 }  // namespace gpulab::train

@@ -59,6 +59,7 @@ class LossScaler {
   void update(cudaStream_t stream);
   const LossScaleState* device_state() const { return state_; }
   LossScaleState read(cudaStream_t stream) const;  // synchronizes the stream
+  void load(const LossScaleState& state, cudaStream_t stream);  // a resumed run's; synchronizes
 
  private:
   LossScaleConfig cfg_;

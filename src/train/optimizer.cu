@@ -247,8 +247,30 @@ int32_t Optimizer::steps_taken(cudaStream_t stream) const {
   return s.steps;
 }
 
+std::vector<float> Optimizer::read_moment(int k, cudaStream_t stream) const {
+  const size_t total = moments_.size() / size_t(moment_count());
+  std::vector<float> h(total);
+  GPULAB_CHECK(cudaMemcpyAsync(h.data(), moments_.get() + size_t(k) * total, total * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream));
+  GPULAB_CHECK(cudaStreamSynchronize(stream));
+  return h;
+}
+
+void Optimizer::load_state(const std::vector<std::vector<float>>& moments, int32_t steps, cudaStream_t stream) {
+  const size_t total = moments_.size() / size_t(moment_count());
+  if (int(moments.size()) != moment_count()) throw core::Error("optimizer: state has the wrong number of moments");
+  for (size_t k = 0; k < moments.size(); ++k) {
+    if (moments[k].size() != total) throw core::Error("optimizer: state has the wrong size");
+    GPULAB_CHECK(cudaMemcpyAsync(moments_.get() + k * total, moments[k].data(), total * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream));
+  }
+  const OptimizerDeviceState st{steps};
+  GPULAB_CHECK(cudaMemcpyAsync(device_state_.get(), &st, sizeof st, cudaMemcpyHostToDevice, stream));
+  GPULAB_CHECK(cudaStreamSynchronize(stream));  // the sources are the caller's host memory
+}
+
 const float* Optimizer::state(size_t i, bool second) const {
-  const int64_t total = int64_t(moments_.size()) / (cfg_.kind == OptimizerKind::lamb ? 2 : 1);
+  const int64_t total = int64_t(moments_.size()) / moment_count();
   return moments_.get() + state_offsets_.at(i) + (second ? total : 0);
 }
 

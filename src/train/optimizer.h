@@ -60,6 +60,12 @@ class Optimizer {
   void step(float lr, const LossScaleState* scaler, cudaStream_t stream);
   int32_t steps_taken(cudaStream_t stream) const;  // synchronizes
 
+  // The whole state, for checkpoints: moment k (0: momentum / first moment, 1: lamb's second)
+  // of every tensor packed in parameter order, and the step count. Both synchronize the stream.
+  int moment_count() const { return cfg_.kind == OptimizerKind::lamb ? 2 : 1; }
+  std::vector<float> read_moment(int k, cudaStream_t stream) const;
+  void load_state(const std::vector<std::vector<float>>& moments, int32_t steps, cudaStream_t stream);
+
   const OptimizerConfig& config() const { return cfg_; }
   // The momentum / first-moment buffer of tensor i (second moment for `second`), for tests.
   const float* state(size_t i, bool second = false) const;

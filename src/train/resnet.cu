@@ -198,6 +198,7 @@ struct ResNet::Impl {
   float *fc_w = nullptr, *fc_b = nullptr, *fc_dw = nullptr, *fc_db = nullptr;
   core::DeviceBuffer<float> feat, dfeat, logits, dlogits, row_loss;
   core::DeviceBuffer<int> row_correct;
+  int64_t batches_tracked = 0;
 
   explicit Impl(const ModelOptions& o);
   ~Impl();
@@ -208,9 +209,10 @@ struct ResNet::Impl {
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
   // The persistent kernels are documented for fp32 and fp16 (NHWC: no overflow caveat); bf16
-  // keeps the general path. Both keep the same statistics, so inference uses SPATIAL.
+  // keeps the general path. Both keep the same statistics, so inference uses SPATIAL. The
+  // persistent kernels' reductions are only documented deterministic for NCHW.
   cudnnBatchNormMode_t bn_mode() const {
-    return opt.dtype == core::DType::bf16 ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    return opt.dtype == core::DType::bf16 || opt.deterministic ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   }
 };
 
@@ -254,7 +256,9 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
   build_conv(convs[0], opt.image_size, opt.image_size);
   ConvLayer& stem = convs[0];
   GPULAB_CHECK(cudnnCreatePoolingDescriptor(&pool_desc));
-  GPULAB_CHECK(cudnnSetPooling2dDescriptor(pool_desc, CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN, 3, 3, 1, 1, 2, 2));
+  // Plain max-pool backward adds overlapping windows' gradients with atomics.
+  GPULAB_CHECK(cudnnSetPooling2dDescriptor(pool_desc, opt.deterministic ? CUDNN_POOLING_MAX_DETERMINISTIC : CUDNN_POOLING_MAX,
+                                           CUDNN_NOT_PROPAGATE_NAN, 3, 3, 1, 1, 2, 2));
   int pn, pc, ph, pw;
   GPULAB_CHECK(cudnnGetPooling2dForwardOutputDim(pool_desc, stem.y_desc, &pn, &pc, &ph, &pw));
   GPULAB_CHECK(cudnnCreateTensorDescriptor(&pool_out_desc));
@@ -344,17 +348,19 @@ ResNet::Impl::~Impl() {
 
 namespace {
 
-// The first heuristic choice that succeeds, fits the workspace limit and, for strict fp32,
-// does not use tensor cores (which would round inputs to TF32).
+// The first heuristic choice that succeeds, fits the workspace limit, for strict fp32 does not
+// use tensor cores (which would round inputs to TF32), and when asked is deterministic.
 template <class Perf>
-auto pick(const Perf* perfs, int count, size_t limit, bool strict, const std::string& what) {
+auto pick(const Perf* perfs, int count, size_t limit, bool strict, bool deterministic, const std::string& what) {
   for (int i = 0; i < count; ++i) {
     const Perf& p = perfs[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > limit) continue;
+    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
     if (strict && (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) continue;
     return p.algo;
   }
-  throw core::Error("cuDNN offers no " + what + " algorithm for this convolution within the workspace limit");
+  throw core::Error("cuDNN offers no " + what + " algorithm for this convolution within the workspace limit" +
+                    (strict ? ", without tensor cores" : "") + (deterministic ? ", deterministic" : ""));
 }
 
 }  // namespace
@@ -388,15 +394,15 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   int got = 0;
   GPULAB_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc,
                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
-  L.fwd = pick(fwd, got, opt.workspace_limit, strict, "forward");
+  L.fwd = pick(fwd, got, opt.workspace_limit, strict, opt.deterministic, "forward");
   if (L.d_in) {  // the stem needs no input gradient
     GPULAB_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc,
                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data));
-    L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, "backward-data");
+    L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, opt.deterministic, "backward-data");
   }
   GPULAB_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc,
                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter));
-  L.bwd_filter = pick(bwd_filter, got, opt.workspace_limit, strict, "backward-filter");
+  L.bwd_filter = pick(bwd_filter, got, opt.workspace_limit, strict, opt.deterministic, "backward-filter");
 
   const size_t bytes = size_t(n) * c * h * w * elem;
   L.conv_out = core::DeviceBuffer<std::byte>(bytes);
@@ -475,6 +481,7 @@ ResNet::~ResNet() = default;
 void ResNet::forward(const void* images, bool training, cudaStream_t s) {
   Impl& m = *impl_;
   GPULAB_CHECK(cudnnSetStream(m.cudnn, s));
+  if (training) ++m.batches_tracked;
   m.convs[0].in = images;
   m.conv_forward(m.convs[0], training, s);
   const float one = 1.f, zero = 0.f;
@@ -614,5 +621,14 @@ void ResNet::sync_working_copy(cudaStream_t s) {
   });
   GPULAB_CHECK_LAUNCH();
 }
+
+std::vector<RunningStats> ResNet::running_stats() {
+  std::vector<RunningStats> out;
+  for (auto& L : impl_->convs) out.push_back({L.run_mean.get(), L.run_var.get(), L.spec.out});
+  return out;
+}
+
+int64_t ResNet::batches_tracked() const { return impl_->batches_tracked; }
+void ResNet::set_batches_tracked(int64_t n) { impl_->batches_tracked = n; }
 
 }  // namespace gpulab::train

@@ -26,6 +26,16 @@ struct ModelOptions {
   uint64_t seed = 0;
   float label_smoothing = 0.1f;
   size_t workspace_limit = size_t(512) << 20;  // per convolution algorithm
+  // Only cuDNN algorithms that give the same bits every run (and deterministic max-pool
+  // backward), so that a run, or a resumed run, repeats exactly.
+  bool deterministic = false;
+};
+
+// One BatchNorm's running statistics: device fp32, `channels` each.
+struct RunningStats {
+  float* mean;
+  float* var;
+  int channels;
 };
 
 class ResNet {
@@ -60,6 +70,11 @@ class ResNet {
   std::vector<GradView> gradient_views() const;
   // Rewrites the working copies from the masters (after editing params() directly).
   void sync_working_copy(cudaStream_t stream);
+  // The BatchNorm of each conv, in ResNetLayout::convs order.
+  std::vector<RunningStats> running_stats();
+  // Training-mode forwards so far (torchvision's num_batches_tracked); settable for a resume.
+  int64_t batches_tracked() const;
+  void set_batches_tracked(int64_t n);
   const ModelOptions& options() const;
 
  private:

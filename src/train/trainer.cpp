@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -13,6 +15,7 @@
 #include "data/folder.h"
 #include "data/loader.h"
 #include "data/rng.h"
+#include "train/checkpoint.h"
 
 namespace gpulab::train {
 
@@ -88,6 +91,34 @@ void evaluate(const TrainOptions& opt, core::DType dtype, ResNet& net, void* ima
   report.val_loss = loss_sum / double(n);
 }
 
+constexpr const char* kOptimizerNames[] = {"sgd", "lars", "lamb"};  // OptimizerKind order
+constexpr const char* kScheduleNames[] = {"cosine", "poly", "step"};  // ScheduleKind order
+
+// The options a checkpoint's bits depend on; a resume must repeat them.
+std::map<std::string, std::string> recipe(const TrainOptions& o, int classes, const data::Loader* loader) {
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.9g", v);
+    return std::string(b);
+  };
+  const OptimizerConfig& c = o.optimizer;
+  const LrSchedule& s = o.schedule;
+  std::string milestones;
+  for (int64_t m : s.milestones) milestones += std::to_string(m) + " ";
+  return {{"depth", std::to_string(o.depth)}, {"classes", std::to_string(classes)},
+          {"image_size", std::to_string(o.image_size)}, {"precision", o.precision}, {"batch", std::to_string(o.batch)},
+          {"accum", std::to_string(o.accum)}, {"steps", std::to_string(o.steps)}, {"seed", std::to_string(o.seed)},
+          {"label_smoothing", num(o.label_smoothing)}, {"deterministic", o.deterministic ? "yes" : "no"},
+          {"data", loader ? std::to_string(loader->folder().samples.size()) + " images" : "synthetic"},
+          {"optimizer", std::string(kOptimizerNames[int(c.kind)]) + " momentum " + num(c.momentum) + (c.nesterov ? " nesterov" : "") +
+                            " wd " + num(c.weight_decay) + " eta " + num(c.lars_eta) + " eps " + num(c.lars_eps) +
+                            " betas " + num(c.beta1) + " " + num(c.beta2) + " " + num(c.lamb_eps) + " clip " +
+                            num(c.max_grad_norm)},
+          {"schedule", std::string(kScheduleNames[int(s.kind)]) + " lr " + num(s.base) + " end " + num(s.end) + " warmup " +
+                           std::to_string(s.warmup) + " power " + num(s.power) + " gamma " + num(s.gamma) +
+                           " milestones " + milestones}};
+}
+
 }  // namespace
 
 TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step) {
@@ -96,30 +127,53 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
 
   if (opt.eval && (opt.data.empty() || !std::filesystem::is_directory(std::filesystem::path(opt.data) / "val")))
     throw core::InputError("--eval needs --data DIR with a DIR/val/<class>/*.JPEG folder");
-  std::optional<data::Loader> loader;
+  if (opt.resume && opt.checkpoint_dir.empty()) throw core::InputError("--resume needs --checkpoint DIR");
+  if (opt.resume && !opt.init_from.empty()) throw core::InputError("--resume and --init-from exclude each other");
+  std::optional<data::ImageFolder> folder;
   int classes = opt.classes;
   if (!opt.data.empty()) {
-    data::ImageFolder folder = data::scan_image_folder(data::train_split(opt.data));
-    classes = int(folder.classes.size());
+    folder = data::scan_image_folder(data::train_split(opt.data));
+    classes = int(folder->classes.size());
+  }
+  // Checkpoints are read before anything starts on the GPU: a bad file is an input error.
+  const ResNetConfig net_config{opt.depth, classes, 64, false};
+  const ResNetLayout layout = resnet_layout(net_config);
+  if (!opt.resume && !opt.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_file(opt.checkpoint_dir)))
+    throw core::InputError(checkpoint_file(opt.checkpoint_dir).string() +
+                           " exists: add --resume to continue that run, or choose another --checkpoint folder");
+  std::optional<TrainState> resumed;
+  if (opt.resume) resumed = read_checkpoint(opt.checkpoint_dir, layout, opt.optimizer.kind == OptimizerKind::lamb ? 2 : 1);
+  std::optional<ModelState> init;
+  if (!opt.init_from.empty()) init = read_torchvision(opt.init_from, layout);
+  const int64_t start = resumed ? resumed->step : 0;
+  if (start > opt.steps)
+    throw core::InputError(checkpoint_file(opt.checkpoint_dir).string() + " is at step " + std::to_string(start) +
+                           ", past --steps " + std::to_string(opt.steps));
+  std::optional<data::Loader> loader;
+  if (folder) {
     data::LoaderOptions lo;
     lo.batch = opt.batch;
     lo.threads = opt.loader_threads;
     lo.seed = opt.seed;
     lo.augment.size = opt.image_size;
     lo.augment.out = prec.dtype;
-    loader.emplace(std::move(folder), lo);
+    lo.first_batch = start * opt.accum;
+    loader.emplace(std::move(*folder), lo);
   }
+  const std::map<std::string, std::string> run_recipe = recipe(opt, classes, loader ? &*loader : nullptr);
+  if (resumed) check_same_recipe(opt.checkpoint_dir, resumed->recipe, run_recipe);
 
   if (const std::string why = core::why_no_device(); !why.empty()) throw core::NoDeviceError("training needs a CUDA device: " + why);
 
   ModelOptions mo;
-  mo.net = {opt.depth, classes, 64, false};
+  mo.net = net_config;
   mo.batch = opt.batch;
   mo.image_size = opt.image_size;
   mo.dtype = prec.dtype;
   mo.math = prec.math;
   mo.seed = opt.seed;
   mo.label_smoothing = opt.label_smoothing;
+  mo.deterministic = opt.deterministic;
   core::Stream stream;
   ResNet net(mo);
   Optimizer optimizer(opt.optimizer, net.optimizer_params(), prec.dtype);
@@ -129,6 +183,13 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     scaler->watch(net.gradient_views());
   }
   const LossScaleState* scale_state = scaler ? scaler->device_state() : nullptr;
+  if (init) upload_model(net, *init, stream);
+  if (resumed) restore_training(*resumed, net, optimizer, scaler.get(), stream);
+  resumed.reset();  // host copies of the whole state
+  init.reset();
+  const int64_t checkpoint_every =
+      opt.checkpoint_every > 0 ? opt.checkpoint_every
+      : loader ? std::max<int64_t>(1, loader->batches_per_epoch() / opt.accum) : opt.steps;
   LrSchedule schedule = opt.schedule;
   schedule.total = opt.steps;
 
@@ -159,10 +220,12 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   TrainReport report;
   report.params = net.param_count();
   report.classes = classes;
+  report.start_step = start;
   using Clock = std::chrono::steady_clock;
   Clock::time_point timed_start;
-  const int64_t untimed = std::min<int64_t>(opt.warmup_steps_untimed, opt.steps - 1);
-  for (int64_t step = 0; step < opt.steps; ++step) {
+  Clock::duration untimed_pauses{};  // checkpoint writing
+  const int64_t untimed = start + std::min<int64_t>(opt.warmup_steps_untimed, opt.steps - start - 1);
+  for (int64_t step = start; step < opt.steps; ++step) {
     if (step == untimed) {
       stream.synchronize();
       timed_start = Clock::now();
@@ -190,15 +253,25 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     if (scaler) scaler->update(stream);
     r.loss = net.last_loss(stream);  // of the last micro-batch
     if (!std::isfinite(r.loss) && !scaler) throw core::Error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(step) + "; lower --lr");
-    if (step == 0) report.first_loss = r.loss;
+    if (step == start) report.first_loss = r.loss;
     report.last_loss = r.loss;
     if (step >= untimed) {
-      const double seconds = std::chrono::duration<double>(Clock::now() - timed_start).count();
+      const double seconds = std::chrono::duration<double>(Clock::now() - timed_start - untimed_pauses).count();
       const int64_t images_done = (step - untimed + 1) * int64_t(opt.batch) * opt.accum;
       r.images_per_second = seconds > 0 ? images_done / seconds : 0;
       report.timed_images = images_done;
       report.timed_seconds = seconds;
       report.images_per_second = r.images_per_second;
+    }
+    // Before the report: a run stopped in on_step has its checkpoint.
+    if (!opt.checkpoint_dir.empty() && ((step + 1) % checkpoint_every == 0 || step + 1 == opt.steps)) {
+      const Clock::time_point t0 = Clock::now();
+      TrainState st = capture_training(net, optimizer, scaler.get(), stream);
+      st.step = step + 1;
+      st.recipe = run_recipe;
+      write_checkpoint(opt.checkpoint_dir, layout, st);
+      ++report.checkpoints_written;
+      if (step >= untimed) untimed_pauses += Clock::now() - t0;
     }
     if (on_step) on_step(r);
   }
@@ -208,6 +281,7 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     report.corrupt_skipped = loader->skipped_total();
     report.corrupt_files = loader->corrupt_files();
   }
+  if (!opt.export_path.empty()) write_torchvision(opt.export_path, layout, download_model(net, stream));
   if (opt.eval && !opt.data.empty()) {
     unpin.release();  // a registration outliving the freed buffers could alias the eval loader's
     loader.reset();

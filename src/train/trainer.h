@@ -29,6 +29,14 @@ struct TrainOptions {
   uint64_t seed = 0;
   int warmup_steps_untimed = 5;  // left out of the throughput figure
   bool eval = false;  // top-1 on DIR/val after training (folder data only)
+  // Checkpoints and interchange (checkpoint.h).
+  std::string init_from;         // torchvision-named safetensors to start from
+  std::string checkpoint_dir;    // writes DIR/checkpoint.safetensors
+  int64_t checkpoint_every = 0;  // steps; 0: each epoch with `data`, otherwise at the end only
+  bool resume = false;           // continue from checkpoint_dir's checkpoint
+  std::string export_path;       // the final weights under torchvision names
+  // Only deterministic cuDNN algorithms: a run, and a resumed run, repeat bit for bit.
+  bool deterministic = false;
 };
 
 struct StepReport {
@@ -45,6 +53,8 @@ struct TrainReport {
   double timed_seconds = 0;
   float first_loss = 0, last_loss = 0;
   int32_t skipped_steps = 0;  // inf/NaN steps skipped by the loss scaler
+  int64_t start_step = 0;  // > 0 when resumed
+  int64_t checkpoints_written = 0;
   int64_t corrupt_skipped = 0;
   std::vector<std::string> corrupt_files;
   int64_t params = 0;

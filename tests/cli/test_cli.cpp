@@ -357,6 +357,30 @@ TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
   if (!gpulab::core::why_no_device().empty()) EXPECT_EQ(run("train --synthetic --steps 1").exit_code, 3);
 }
 
+// A bad checkpoint or weights file is a user mistake, caught before any GPU work.
+TEST(Cli, TrainBadCheckpointOrWeightsExit2) {
+  const fs::path dir = fs::temp_directory_path() / ("gpulab_cli_ckpt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  EXPECT_EQ(run("train --synthetic --resume").exit_code, 2);  // --resume needs --checkpoint
+  CliRun r = run("train --synthetic --checkpoint " + dir.string() + " --resume");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("no checkpoint.safetensors"), std::string::npos) << r.out;
+  std::ofstream(dir / "checkpoint.safetensors") << "garbage";
+  r = run("train --synthetic --checkpoint " + dir.string() + " --resume");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("checkpoint.safetensors"), std::string::npos) << r.out;
+  r = run("train --synthetic --checkpoint " + dir.string());  // would overwrite it
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("add --resume"), std::string::npos) << r.out;
+  const std::vector<float> w(10 * 2048);
+  gpulab::core::write_safetensors(dir / "fc.safetensors", {{"fc.weight", gpulab::core::DType::f32, {10, 2048},
+                                                            {reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4}}});
+  r = run("train --synthetic --init-from " + (dir / "fc.safetensors").string());
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("no tensor 'conv1.weight'"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, GenerateOnRandomWeightsWithoutTokenizerGivesIds) {
   const CliRun r = run("generate --device cpu --dummy-weights --config " + kData +
                        "/llama_tiny/config.json --ids 1,2,3 --max-tokens 5 --ignore-eos --json");

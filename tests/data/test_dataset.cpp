@@ -173,6 +173,33 @@ TEST(Loader, SameSeedSameBatchesWhateverTheThreadCount) {
   EXPECT_NE(other.next().images, epoch0[0]);
 }
 
+// A resumed training run starts its loader at a later batch: the same bytes as reaching it.
+TEST(Loader, StartingAtABatchGivesTheSameBatchesAsReachingIt) {
+  TempDir t("loader_start");
+  make_dataset(t.path, small_options());
+  const ImageFolder folder = scan_image_folder(train_split(t.path));
+  LoaderOptions opt;
+  opt.batch = 5;
+  opt.seed = 3;
+  opt.augment.size = 16;
+  opt.threads = 3;
+  Loader from_start(folder, opt);
+  std::vector<Batch> all;
+  for (int i = 0; i < 11; ++i) all.push_back(from_start.next());
+  for (const int64_t first : {1, 4, 6}) {  // an epoch's start and the middle of the second
+    SCOPED_TRACE(first);
+    opt.first_batch = first;
+    Loader resumed(folder, opt);
+    for (int64_t i = first; i < 11; ++i) {
+      const Batch& b = resumed.next();
+      ASSERT_EQ(b.index, i);
+      EXPECT_EQ(b.epoch, i / 4);
+      ASSERT_EQ(b.labels, all[size_t(i)].labels);
+      ASSERT_EQ(b.images, all[size_t(i)].images);
+    }
+  }
+}
+
 TEST(Loader, CorruptFileIsSkippedAndCounted) {
   TempDir t("loader_bad");
   MakeOptions mo = small_options();

@@ -10,25 +10,13 @@
 #include "common/gpu.h"
 #include "data/dataset.h"
 #include "train/trainer.h"
+#include "train/train_test_util.h"
 
 using namespace gpulab;
 using namespace gpulab::train;
 namespace fs = std::filesystem;
 
-namespace {
-TrainOptions tiny_run() {
-  TrainOptions o;
-  o.depth = 18;
-  o.classes = 10;
-  o.image_size = 32;
-  o.batch = 8;
-  o.steps = 8;
-  o.warmup_steps_untimed = 2;
-  o.schedule.base = 0.05;
-  o.schedule.warmup = 2;
-  return o;
-}
-}  // namespace
+using fixtures::tiny_run;
 
 TEST(TrainerGpu, EveryPrecisionAndOptimizerRunsOnSyntheticData) {
   GPULAB_REQUIRE_GPU();

@@ -1,0 +1,225 @@
+// gpulab's ResNet against torchvision (the bar), from the file that
+// tests/reference/torchvision_resnet50.py writes on the GPU machine (path in the environment
+// variable GPULAB_TORCHVISION_REF): the same weights and batch give fp32 logits within relative
+// L2 1e-3, the loss within 1e-4, every gradient within relative L2 1e-3, the same BN running
+// statistics, the same weights after one SGD and one LAMB step, and fp16/bf16 logits within 2e-2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "common/gpu.h"
+#include "core/memory.h"
+#include "core/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+#include "train/resnet.h"
+
+using namespace gpulab;
+using namespace gpulab::train;
+
+namespace {
+
+double rel_l2(const float* a, const float* ref, size_t n) {
+  double d = 0, r = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    r += double(ref[i]) * ref[i];
+  }
+  return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  EXPECT_EQ(a.size(), ref.size());
+  return rel_l2(a.data(), ref.data(), std::min(a.size(), ref.size()));
+}
+
+std::vector<float> floats(const core::SafetensorsFile& f, const std::string& name) {
+  const core::TensorInfo* t = f.find(name);
+  if (!t) throw std::runtime_error("reference file has no '" + name + "'");
+  std::vector<float> v(t->numel());
+  std::memcpy(v.data(), f.data(*t).data(), v.size() * 4);
+  return v;
+}
+
+double meta_number(const core::SafetensorsFile& f, const std::string& key) {
+  return std::stod(f.metadata().at(key));
+}
+
+std::vector<float> download(const float* d, size_t n, cudaStream_t s) {
+  std::vector<float> h(n);
+  GPULAB_CHECK(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  GPULAB_CHECK(cudaStreamSynchronize(s));
+  return h;
+}
+
+struct Reference {
+  std::unique_ptr<core::SafetensorsFile> file;
+  ResNetLayout layout;
+  ModelOptions model;
+  ModelState start;
+  std::vector<float> images;  // NHWC
+  std::vector<int32_t> labels;
+};
+
+// The reference file, or nullopt with the reason why the test skips.
+std::optional<Reference> load_reference(std::string* why) {
+  const char* path = std::getenv("GPULAB_TORCHVISION_REF");
+  if (!path || !*path) {
+    *why = "set GPULAB_TORCHVISION_REF to the file from tests/reference/torchvision_resnet50.py";
+    return std::nullopt;
+  }
+  Reference r;
+  r.file = std::make_unique<core::SafetensorsFile>(path);
+  const core::SafetensorsFile& f = *r.file;
+  r.model.net = {int(meta_number(f, "depth")), int(meta_number(f, "classes")), 64, false};
+  r.model.batch = int(meta_number(f, "batch"));
+  r.model.image_size = int(meta_number(f, "image_size"));
+  r.model.label_smoothing = float(meta_number(f, "label_smoothing"));
+  r.layout = resnet_layout(r.model.net);
+  r.start = read_torchvision(path, r.layout);
+  r.images = floats(f, "input.nhwc");
+  const core::TensorInfo* l = f.find("labels");
+  r.labels.resize(l->numel());
+  std::memcpy(r.labels.data(), f.data(*l).data(), r.labels.size() * 4);
+  return r;
+}
+
+// The model in `dtype`, loaded with the reference weights, after one training forward.
+struct LoadedModel {
+  core::Stream stream;
+  std::unique_ptr<ResNet> net;
+  core::DeviceBuffer<std::byte> images;
+  core::DeviceBuffer<int32_t> labels;
+
+  LoadedModel(const Reference& ref, core::DType dtype) {
+    ModelOptions o = ref.model;
+    o.dtype = dtype;
+    net = std::make_unique<ResNet>(o);
+    upload_model(*net, ref.start, stream);
+    const size_t n = ref.images.size();
+    images = core::DeviceBuffer<std::byte>(n * core::dtype_size(dtype));
+    std::vector<uint16_t> half(n);
+    const void* src = ref.images.data();
+    if (dtype != core::DType::f32) {
+      for (size_t i = 0; i < n; ++i)
+        half[i] = dtype == core::DType::f16 ? core::float_to_f16_bits(ref.images[i]) : core::float_to_bf16_bits(ref.images[i]);
+      src = half.data();
+    }
+    GPULAB_CHECK(cudaMemcpy(images.get(), src, images.bytes(), cudaMemcpyHostToDevice));
+    labels = core::DeviceBuffer<int32_t>(ref.labels.size());
+    GPULAB_CHECK(cudaMemcpy(labels.get(), ref.labels.data(), labels.bytes(), cudaMemcpyHostToDevice));
+    GPULAB_CHECK(cudaDeviceSynchronize());
+    net->forward(images.get(), true, stream);
+  }
+  std::vector<float> logits(const Reference& ref) {
+    return download(net->logits(), size_t(ref.model.batch) * ref.layout.classes, stream);
+  }
+  void backward() { net->backward(labels.get(), 1.f, false, nullptr, stream); }
+};
+
+// Per tensor (those with weight decay only, when asked), the relative L2 of `got` against `want`
+// (packed parameter arrays); the worst printed with its name.
+void worst_per_tensor(const ResNet& net, const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what, double tolerance, bool decay_only = false) {
+  double worst = 0;
+  std::string worst_name;
+  int64_t off = 0;
+  for (const ParamSpec& p : net.param_specs()) {
+    off += p.count;
+    if (decay_only && !p.decay) continue;
+    const double e = rel_l2(got.data() + off - p.count, want.data() + off - p.count, size_t(p.count));
+    EXPECT_LE(e, tolerance) << what << " " << p.name;
+    if (e > worst || std::isnan(e)) worst = e, worst_name = p.name;
+  }
+  std::printf("%s: worst relative L2 %.3g (%s)\n", what.c_str(), worst, worst_name.c_str());
+}
+
+std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+}  // namespace
+
+#define GPULAB_REQUIRE_REFERENCE(ref)                   \
+  GPULAB_REQUIRE_GPU();                                 \
+  std::string why_ref_;                                 \
+  std::optional<Reference> ref = load_reference(&why_ref_); \
+  if (!ref) GTEST_SKIP() << why_ref_
+
+TEST(ReferenceGpu, Fp32ForwardBackwardMatchTorchvision) {
+  GPULAB_REQUIRE_REFERENCE(ref);
+  LoadedModel run(*ref, core::DType::f32);
+  const std::vector<float> want_logits = floats(*ref->file, "logits");
+  const double logits_err = rel_l2(run.logits(*ref), want_logits);
+  std::printf("fp32 logits: relative L2 %.3g\n", logits_err);
+  EXPECT_LE(logits_err, 1e-3);
+  run.backward();
+  const float loss = run.net->last_loss(run.stream), want_loss = floats(*ref->file, "loss")[0];
+  std::printf("loss: gpulab %.7f, torchvision %.7f\n", loss, want_loss);
+  EXPECT_NEAR(loss, want_loss, 1e-4);
+  const std::vector<float> grads = download(run.net->grads(), size_t(run.net->param_count()), run.stream);
+  worst_per_tensor(*run.net, grads, read_param_tensors(*ref->file, ref->layout, "grad."), "gradients", 1e-3);
+  // BN running statistics after the forward (momentum 0.1, unbiased variance).
+  const ModelState after = download_model(*run.net, run.stream);
+  const ModelState want = read_torchvision(ref->file->path(), ref->layout, "after.");
+  EXPECT_LE(rel_l2(after.running_mean, want.running_mean), 1e-4);
+  EXPECT_LE(rel_l2(after.running_var, want.running_var), 1e-4);
+  EXPECT_EQ(after.batches_tracked, want.batches_tracked);
+}
+
+// One step of each optimizer from the reference start. The update (new minus old weights) is
+// compared, a stronger check than the weights, which it barely moves: SGD's follows the
+// gradients (2e-3). LAMB's first step is m/sqrt(v) = g/|g| per element, so an element whose tiny
+// gradient is the size of the rounding noise may flip: 5e-2 on the update, and 1e-3 on the
+// decayed weights (BN shifts start at 0, where weights and update are the same).
+TEST(ReferenceGpu, WeightsAfterOneSgdAndOneLambStepMatch) {
+  GPULAB_REQUIRE_REFERENCE(ref);
+  const core::SafetensorsFile& f = *ref->file;
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::lamb}) {
+    const bool sgd = kind == OptimizerKind::sgd;
+    SCOPED_TRACE(sgd ? "sgd" : "lamb");
+    LoadedModel run(*ref, core::DType::f32);
+    run.backward();
+    OptimizerConfig c;
+    c.kind = kind;
+    float lr;
+    if (sgd) {
+      lr = float(meta_number(f, "sgd_lr"));
+      c.momentum = float(meta_number(f, "sgd_momentum"));
+      c.weight_decay = float(meta_number(f, "sgd_weight_decay"));
+    } else {
+      lr = float(meta_number(f, "lamb_lr"));
+      c.beta1 = float(meta_number(f, "lamb_beta1"));
+      c.beta2 = float(meta_number(f, "lamb_beta2"));
+      c.lamb_eps = float(meta_number(f, "lamb_eps"));
+      c.weight_decay = float(meta_number(f, "lamb_weight_decay"));
+      c.max_grad_norm = float(meta_number(f, "lamb_max_grad_norm"));
+    }
+    Optimizer opt(c, run.net->optimizer_params());
+    opt.step(lr, nullptr, run.stream);
+    const std::vector<float> got = download(run.net->params(), size_t(run.net->param_count()), run.stream);
+    const ModelState want = read_torchvision(f.path(), ref->layout, sgd ? "sgd." : "lamb.");
+    const std::string name = sgd ? "sgd" : "lamb";
+    worst_per_tensor(*run.net, minus(got, ref->start.params), minus(want.params, ref->start.params), name + " update",
+                     sgd ? 2e-3 : 5e-2);
+    worst_per_tensor(*run.net, got, want.params, name + " weights (decayed tensors)", sgd ? 1e-4 : 1e-3, true);
+  }
+}
+
+TEST(ReferenceGpu, HalfPrecisionForwardWithin2e2OfTorchvisionFp32) {
+  GPULAB_REQUIRE_REFERENCE(ref);
+  const std::vector<float> want = floats(*ref->file, "logits");
+  for (const core::DType dt : {core::DType::f16, core::DType::bf16}) {
+    LoadedModel run(*ref, dt);
+    const double e = rel_l2(run.logits(*ref), want);
+    std::printf("%s logits: relative L2 %.3g against torchvision fp32\n", std::string(core::dtype_name(dt)).c_str(), e);
+    EXPECT_LE(e, 2e-2) << core::dtype_name(dt);
+  }
+}

@@ -1,0 +1,35 @@
+// Shared by the train tests: a run small enough for a test, and a fresh temporary folder.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "train/trainer.h"
+
+namespace gpulab::train::fixtures {
+
+// ResNet-18, 10 classes, 32 px, batch 8, 8 steps of SGD at 0.05 with 2 warmup steps.
+inline TrainOptions tiny_run() {
+  TrainOptions o;
+  o.depth = 18;
+  o.classes = 10;
+  o.image_size = 32;
+  o.batch = 8;
+  o.steps = 8;
+  o.warmup_steps_untimed = 2;
+  o.schedule.base = 0.05;
+  o.schedule.warmup = 2;
+  return o;
+}
+
+// An empty folder in the temp directory, named after `tag` and the process.
+inline std::filesystem::path temp_dir(const std::string& tag) {
+  const auto d = std::filesystem::temp_directory_path() / ("gpulab_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+}  // namespace gpulab::train::fixtures
