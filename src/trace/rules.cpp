@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -172,6 +173,7 @@ class Analyzer {
 
   void index();
   const ApiCall* top_level_call(const ApiCall* call) const;
+  Blocking blocking(const ApiCall& call) const;
   const ApiCall* blocking_call_before(const ApiCall* launch, const Gap& g) const;
   bool um_host_activity(const Interval& window) const;
   int64_t api_time(int64_t thread, const Interval& w) const;
@@ -197,6 +199,7 @@ class Analyzer {
   Interval span_{0, 0};
   std::vector<Gap> gaps_;
   std::unordered_map<int64_t, const ApiCall*> by_correlation_;
+  std::unordered_set<int64_t> to_pageable_;  // correlation ids of device-to-pageable copies
   std::map<int64_t, std::vector<const ApiCall*>> top_calls_;  // per thread, sorted by start
   std::vector<Interval> um_migrations_;
   std::vector<int64_t> um_host_times_;  // CPU faults and DtoH migration starts, sorted
@@ -236,6 +239,8 @@ void Analyzer::index() {
         {busy_[i - 1].end, busy_[i].start, last_start[i - 1], a < activities_.size() ? &activities_[a] : nullptr});
   }
 
+  for (const auto& m : t_.memcpys)
+    if (m.dst == MemoryKind::pageable && m.correlation != 0) to_pageable_.insert(m.correlation);
   for (const auto& c : t_.api_calls)
     if (c.correlation != 0) {
       // Runtime calls win over driver calls sharing an id (they issue the work users wrote).
@@ -252,6 +257,14 @@ void Analyzer::index() {
     for (const ApiCall* c : calls)
       if (top.empty() || c->start_ns >= top.back()->end_ns) top.push_back(c);  // drop nested calls
   }
+}
+
+// A copy from the device into pageable memory returns only once the copy is done, "Async" or not
+// (CUDA's API sync behaviour): PyTorch's .item() is such a cudaMemcpyAsync.
+Blocking Analyzer::blocking(const ApiCall& call) const {
+  const Blocking b = blocking_kind(call.name);
+  if (b == Blocking::none && call.correlation != 0 && to_pageable_.count(call.correlation)) return Blocking::sync_memcpy;
+  return b;
 }
 
 const ApiCall* Analyzer::top_level_call(const ApiCall* call) const {
@@ -275,7 +288,7 @@ const ApiCall* Analyzer::blocking_call_before(const ApiCall* launch, const Gap& 
   while (pos != calls.begin()) {
     const ApiCall* c = *--pos;
     if (c->end_ns <= g.last_work_start) break;  // and so did every earlier call
-    if (blocking_kind(c->name) != Blocking::none) return c;
+    if (blocking(*c) != Blocking::none) return c;
   }
   return nullptr;
 }
@@ -309,7 +322,7 @@ void Analyzer::attribute_gaps() {
     if (found == by_correlation_.end()) continue;
     const ApiCall* launch = top_level_call(found->second);
     const ApiCall* prev = blocking_call_before(launch, g);
-    const Blocking blocked = prev ? blocking_kind(prev->name) : Blocking::none;
+    const Blocking blocked = prev ? blocking(*prev) : Blocking::none;
     // That call explains the gap when the launch came straight after it returned (less than
     // min_host of host work in between). Not "returned after the gap began": the GPU-to-host clock
     // conversion can put the return a few microseconds before the end of the kernel it waited for.
@@ -406,13 +419,13 @@ void Analyzer::rule_attributed() {
     Offenders calls;
     int64_t host_blocked = 0;
     for (const auto& c : t_.api_calls)
-      if (!c.driver && blocking_rule(blocking_kind(c.name)) == std::string(rule)) {
+      if (!c.driver && blocking_rule(blocking(c)) == std::string(rule)) {
         calls.add(c.name, c.end_ns - c.start_ns);
         host_blocked += c.end_ns - c.start_ns;
       }
     if (calls.by_name.empty())  // driver-only traces
       for (const auto& c : t_.api_calls)
-        if (blocking_rule(blocking_kind(c.name)) == std::string(rule)) calls.add(c.name, c.end_ns - c.start_ns);
+        if (blocking_rule(blocking(c)) == std::string(rule)) calls.add(c.name, c.end_ns - c.start_ns);
     int64_t lost = 0;
     for (const auto* a : it->second) lost += a->span.length();
     int64_t n = 0;
@@ -708,6 +721,7 @@ Report Analyzer::run() {
                {"dropped_records", t_.dropped_records},
                {"devices", devices}};
   r.summary["top_kernels"] = top_kernels(10);
+  if (!t_.notes.empty()) r.summary["notes"] = t_.notes;
   if (!t_.samples.empty()) {
     double sum = 0;
     int n = 0;

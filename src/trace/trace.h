@@ -118,6 +118,7 @@ struct Trace {
   int64_t dropped_records = 0;
   bool um_counters_enabled = false;  // the collector managed to enable UM counters
   std::string source;                // file or command the trace came from
+  std::vector<std::string> notes;    // what the reader skipped or could not use, for the report
 };
 
 }  // namespace gpulab::trace

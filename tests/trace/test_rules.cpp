@@ -131,7 +131,13 @@ Synthetic blocking(const std::string& what) {
       s.api("cudaGetLastError", l + 33.5, l + 34);
       s.api("cudaPeekAtLastError", l + 35.5, l + 36);
     }
-    else if (what == "memcpy" || what == "memcpy_async")
+    else if (what == "item" || what == "item_pinned") {
+      // PyTorch's .item(): cudaMemcpyAsync into a pageable (or, as a control, pinned) host value,
+      // waiting for the kernel before it, then a quick cudaStreamSynchronize.
+      s.copy("cudaMemcpyAsync", l + 3, l + 37.8, l + 35.5, 2, CopyKind::dtoh, MemoryKind::device,
+             what == "item" ? MemoryKind::pageable : MemoryKind::pinned, 4);
+      s.api("cudaStreamSynchronize", l + 37.9, l + 38.1);
+    } else if (what == "memcpy" || what == "memcpy_async")
       s.copy(what == "memcpy" ? "cudaMemcpy" : "cudaMemcpyAsync", l + 3, what == "memcpy" ? l + 38 : l + 4, l + 35.5, 2,
              CopyKind::dtoh, MemoryKind::device, MemoryKind::pinned, 4096);
     else if (what == "memset") {
@@ -207,6 +213,14 @@ TEST(Rules, SyncMemcpyAndSyncMemset) {
   const Report set = analyze(blocking("memset").t);
   expect_top(set, "sync_memset", Severity::medium);
   EXPECT_EQ(find_rule(set, "sync_memcpy"), nullptr);
+  // An async copy into pageable memory blocks the host all the same (CUDA's API sync behaviour).
+  const Report item = analyze(blocking("item").t);
+  expect_top(item, "sync_memcpy", Severity::medium);
+  EXPECT_NEAR(item.findings[0].time_lost_ms, 499 * 0.006, 1e-3);
+  EXPECT_EQ(item.findings[0].evidence["top_calls"][0]["name"].get<std::string>(), "cudaMemcpyAsync");
+  EXPECT_EQ(find_rule(item, "sync_api"), nullptr) << rules_text(item);  // that synchronize found the GPU idle
+  const Report item_pinned = analyze(blocking("item_pinned").t);
+  EXPECT_EQ(find_rule(item_pinned, "sync_memcpy"), nullptr) << rules_text(item_pinned);
   const Report async = analyze(blocking("memcpy_async").t);
   EXPECT_EQ(find_rule(async, "sync_memcpy"), nullptr) << rules_text(async);
   EXPECT_EQ(find_rule(async, "sync_api"), nullptr) << rules_text(async);
