@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # PyTorch programs with planted pathologies (examples/pytorch/), diagnosed from their profiler
 # traces. Run on the GPU machine from the repository root:
-#   scripts/pytorch_traces.sh [GPULAB]        (GPULAB: a built gpulab; default: builds build-device/)
+#   scripts/pytorch_traces.sh [GPULAB]
+# Without GPULAB, builds (or brings up to date) build-device/ with scripts/device.sh --no-tests and
+# uses build-device/src/cli/gpulab.
 # For each program: runs it with --trace into $OUT/traces/<name>.json (torch.profiler, Kineto
 # JSON), runs `gpulab diagnose --trace` on it (findings in $OUT/findings/<name>.json), and runs the
 # unprofiled program under gpulab's own CUPTI tracer (`gpulab diagnose -- python3 ...`, findings in
@@ -14,12 +16,11 @@ out=${OUT:-/tmp/gpulab-pytorch-traces}
 mkdir -p "$out/traces" "$out/findings" "$out/native" "$out/logs"
 gpulab=${1:-}
 if [[ -z $gpulab ]]; then
-  if ! { cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release &&
-         cmake --build build-device -j "$(nproc)" --target gpulab gpulab_trace_inject; } >"$out/logs/build.log" 2>&1; then
+  OUT=$out/device scripts/device.sh --no-tests >"$out/logs/build.log" 2>&1 || {
     tail -30 "$out/logs/build.log"
-    echo "pytorch_traces.sh: BUILD FAILED (log in $out/logs/build.log)"
+    echo "pytorch_traces.sh: building gpulab with scripts/device.sh failed"
     exit 1
-  fi
+  }
   gpulab=build-device/src/cli/gpulab
 fi
 python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name(0))' |
@@ -32,6 +33,7 @@ for p in "${programs[@]}"; do
   python3 "examples/pytorch/$p.py" --trace "$out/traces/$p.json" >"$out/logs/$p.log" 2>&1 ||
     echo "   $p --trace failed (exit $?): $(tail -1 "$out/logs/$p.log")"
   tail -2 "$out/logs/$p.log" | sed 's/^/   /'
+  [[ -f $out/traces/$p.json ]] && echo "   trace: $(du -h "$out/traces/$p.json" | cut -f1)"
   if [[ -f $out/traces/$p.json ]]; then
     "$gpulab" diagnose --trace "$out/traces/$p.json" --json "$out/findings/$p.json" >"$out/logs/$p.diagnose.txt" 2>&1 ||
       echo "   diagnose --trace failed: $(tail -1 "$out/logs/$p.diagnose.txt")"

@@ -11,7 +11,7 @@ from common import parse_args, traced
 
 
 def main():
-    args = parse_args(__doc__, steps=500)
+    args = parse_args(__doc__, steps=300)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = torch.zeros(8 * sms * 256, device="cuda")  # grid covers the SMs: short, not small
     for _ in range(20):

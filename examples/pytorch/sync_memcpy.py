@@ -12,7 +12,7 @@ from common import parse_args, traced
 
 
 def main():
-    args = parse_args(__doc__, steps=400, mib=128)
+    args = parse_args(__doc__, steps=200, mib=128)
     x = torch.rand(args.mib << 18, device="cuda")
     y = torch.sin(x)  # one element-wise kernel streaming 2 x mib MiB: ~60 us at 128 on an H200
     torch.cuda.synchronize()

@@ -42,6 +42,7 @@ std::string input_error(F&& f) {
 
 TEST(ChromeTrace, ReadsKinetoLayout) {
   const Trace t = read_chrome_trace(kKineto);
+  EXPECT_TRUE(t.notes.empty()) << t.notes.front();
   ASSERT_EQ(t.kernels.size(), 3u);
   ASSERT_EQ(t.memcpys.size(), 1u);
   ASSERT_EQ(t.memsets.size(), 1u);
