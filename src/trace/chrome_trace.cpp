@@ -387,6 +387,12 @@ Trace parse_chrome_trace(const json& doc, const std::string& source) {
 Trace read_chrome_trace(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw core::InputError(path.string() + ": cannot open the trace file");
+  if (in.peek() == 0x1f) {  // gzip's magic 1f 8b: export_chrome_trace("x.json.gz") compresses
+    in.get();
+    if (in.peek() == 0x8b)
+      throw core::InputError(path.string() + ": gzip-compressed; decompress it first (gunzip -k " + path.string() + ")");
+    in.unget();
+  }
   json doc;
   try {
     doc = json::parse(in);

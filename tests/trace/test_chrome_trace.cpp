@@ -225,6 +225,9 @@ TEST(ChromeTrace, UnreadableInputIsAClearInputError) {
   EXPECT_NE(e1.find(truncated.string()), std::string::npos) << e1;
   EXPECT_NE(e1.find("not valid JSON"), std::string::npos) << e1;
   fs::remove(truncated);
+  const fs::path gz = temp_file("trace.json.gz", std::string("\x1f\x8b\x08\x00", 4));
+  EXPECT_NE(input_error([&] { read_chrome_trace(gz); }).find("gzip-compressed; decompress it first"), std::string::npos);
+  fs::remove(gz);
   const fs::path no_events = temp_file("no_events.json", R"({"events": []})");
   EXPECT_NE(input_error([&] { read_chrome_trace(no_events); }).find("traceEvents"), std::string::npos);
   fs::remove(no_events);
