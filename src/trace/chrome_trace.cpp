@@ -282,6 +282,8 @@ Trace parse_events(const json& doc, const std::string& source) {
         info.sm_count = field<int>(d, "numSms", 0, where, notes);
         info.pcie_generation = field<int>(d, "pcieGeneration", 0, where, notes);
         info.pcie_width = field<int>(d, "pcieWidth", 0, where, notes);
+        info.compute_major = field<int>(d, "computeMajor", 0, where, notes);
+        info.compute_minor = field<int>(d, "computeMinor", 0, where, notes);
         t.devices[d["id"].get<int>()] = info;
       }
     if (auto it = doc.find("gpulab"); it != doc.end() && it->is_object()) {
@@ -494,8 +496,8 @@ std::string chrome_trace_json(const Trace& t) {
 
   json props = json::array();
   for (const auto& [id, d] : t.devices)
-    props.push_back({{"id", id}, {"name", d.name}, {"numSms", d.sm_count}, {"pcieGeneration", d.pcie_generation},
-                     {"pcieWidth", d.pcie_width}});
+    props.push_back({{"id", id}, {"name", d.name}, {"numSms", d.sm_count}, {"computeMajor", d.compute_major},
+                     {"computeMinor", d.compute_minor}, {"pcieGeneration", d.pcie_generation}, {"pcieWidth", d.pcie_width}});
   const json doc = {{"schemaVersion", 1},
                     {"displayTimeUnit", "ms"},
                     {"baseTimeNanoseconds", origin},

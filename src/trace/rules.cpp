@@ -521,15 +521,34 @@ double best_pinned_gbps(const Trace& t, CopyKind kind, int64_t min_bytes) {
   return best;
 }
 
-double link_gbps(const Trace& t) {
-  double best = 0;
-  for (const auto& [id, d] : t.devices) best = std::max(best, d.pcie_gbps());
+// The host link's one-direction bandwidth, GB/s, and where it comes from: the PCIe generation
+// and width NVML reported, else assumed from the compute capability (PyTorch traces carry no link
+// information; discrete GPUs of compute capability 9 and later use PCIe gen 5 x16, 8.x gen 4,
+// 6.x-7.x gen 3), else 0.
+struct Link {
+  double gbps = 0;
+  std::string source = "unknown";
+};
+
+Link host_link(const Trace& t) {
+  Link best;
+  for (const auto& [id, d] : t.devices)
+    if (d.pcie_gbps() > best.gbps)
+      best = {d.pcie_gbps(), "PCIe gen " + std::to_string(d.pcie_generation) + " x" + std::to_string(d.pcie_width)};
+  if (best.gbps > 0) return best;
+  for (const auto& [id, d] : t.devices) {
+    const int gen = d.compute_major >= 9 ? 5 : d.compute_major == 8 ? 4 : d.compute_major >= 6 ? 3 : 0;
+    const DeviceInfo assumed{"", 0, gen, 16};
+    if (assumed.pcie_gbps() > best.gbps)
+      best = {assumed.pcie_gbps(), "PCIe gen " + std::to_string(gen) + " x16 assumed from compute capability " +
+                                       std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor)};
+  }
   return best;
 }
 
 void Analyzer::rule_pageable() {
   const int64_t min_bytes = int64_t(th_.get("pcie_saturation.min_bytes"));
-  const double link = link_gbps(t_);
+  const Link link = host_link(t_);
   int64_t lost = 0, count = 0, async_count = 0, bytes = 0, time = 0;
   std::map<CopyKind, double> expected;
   Offenders kinds;
@@ -545,7 +564,7 @@ void Analyzer::rule_pageable() {
               m.duration_ns());
     if (!expected.count(m.kind)) {
       double gbps = th_.get("pageable_memcpy.pinned_gbps");
-      if (gbps <= 0) gbps = std::max(best_pinned_gbps(t_, m.kind, min_bytes), 0.7 * link);
+      if (gbps <= 0) gbps = std::max(best_pinned_gbps(t_, m.kind, min_bytes), 0.7 * link.gbps);
       if (gbps <= 0) gbps = 10;  // a conservative PCIe gen 3/4 pinned rate
       expected[m.kind] = gbps;
     }
@@ -560,15 +579,16 @@ void Analyzer::rule_pageable() {
                   " issued as async)",
               {{"copies", count}, {"async_copies", async_count}, {"bytes", bytes}, {"copy_time_ms", ms(time)},
                {"achieved_gbps", round3(time > 0 ? double(bytes) / double(time) : 0)},
-               {"expected_pinned_gbps", exp}, {"top_offenders", kinds.top()}});
+               {"expected_pinned_gbps", exp}, {"link", link.source}, {"top_offenders", kinds.top()}});
 }
 
 void Analyzer::rule_pcie() {
   const int64_t min_bytes = int64_t(th_.get("pcie_saturation.min_bytes"));
   const double fraction = th_.get("pcie_saturation.min_fraction");
-  double link = th_.get("pcie_saturation.link_gbps");
-  const bool link_given = link > 0;
-  if (!link_given) link = link_gbps(t_);
+  Link host = host_link(t_);
+  const bool link_given = th_.get("pcie_saturation.link_gbps") > 0;
+  if (link_given) host = {th_.get("pcie_saturation.link_gbps"), "pcie_saturation.link_gbps"};
+  const double link = host.gbps;
   std::vector<Interval> saturated;
   int64_t bytes = 0, count = 0;
   json ceilings = json::object();
@@ -596,7 +616,7 @@ void Analyzer::rule_pcie() {
               {{"copies", count}, {"bytes", bytes}, {"copy_time_ms", ms(copy_time)},
                {"copy_without_kernels_ms", ms(alone)},
                {"achieved_gbps", round3(double(bytes) / double(std::max<int64_t>(copy_time, 1)))},
-               {"ceiling_gbps", ceilings}, {"link_gbps", round3(link)}});
+               {"ceiling_gbps", ceilings}, {"link_gbps", round3(link)}, {"link", host.source}});
 }
 
 void Analyzer::rule_occupancy() {
@@ -706,6 +726,7 @@ Report Analyzer::run() {
   json devices = json::array();
   for (const auto& [id, d] : t_.devices)
     devices.push_back({{"id", id}, {"name", d.name}, {"sm_count", d.sm_count},
+                       {"compute_capability", std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor)},
                        {"pcie_generation", d.pcie_generation}, {"pcie_width", d.pcie_width}});
   r.summary = {{"source", t_.source},
                {"span_ms", ms(span_.length())},

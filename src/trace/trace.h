@@ -103,6 +103,8 @@ struct DeviceInfo {
   int sm_count = 0;           // 0 = unknown
   int pcie_generation = 0;    // 0 = unknown
   int pcie_width = 0;
+  int compute_major = 0;      // 0 = unknown
+  int compute_minor = 0;
   // Theoretical one-direction PCIe bandwidth from generation and width, GB/s; 0 if unknown.
   double pcie_gbps() const;
 };

@@ -81,8 +81,10 @@ TEST(ChromeTrace, KinetoTraceGivesExpectedFindings) {
   EXPECT_EQ(r.findings[0].severity, Severity::high);
   EXPECT_NEAR(r.findings[0].time_lost_ms, 8.98, 1e-6);
   EXPECT_EQ(r.findings[1].rule, "pageable_memcpy");
-  EXPECT_EQ(r.findings[1].severity, Severity::medium);
-  EXPECT_NEAR(r.findings[1].time_lost_ms, 4.990 - 33554432 / 10e9 * 1e3, 2e-3);  // 10 GB/s fallback
+  EXPECT_EQ(r.findings[1].severity, Severity::high);
+  // No link in the trace: PCIe gen 5 x16 assumed from compute capability 9.0, 0.7 x 63 GB/s expected.
+  EXPECT_NEAR(r.findings[1].time_lost_ms, 4.990 - 33554432 / (0.7 * 16 * 3.938e9) * 1e3, 2e-3);
+  EXPECT_EQ(r.findings[1].evidence["link"].get<std::string>(), "PCIe gen 5 x16 assumed from compute capability 9.0");
   EXPECT_EQ(r.findings[2].rule, "low_occupancy");
   EXPECT_NEAR(r.findings[2].time_lost_ms, 1.0 * (1 - 8.0 / 132), 1e-3);
   EXPECT_EQ(r.findings[2].evidence["top_offenders"][0]["name"], "void gemm_kernel<float>(float const*, float*, int)");
@@ -99,7 +101,7 @@ TEST(ChromeTrace, KinetoTraceGivesExpectedFindings) {
 // A trace with every record kind, at realistic absolute CUPTI timestamps.
 Trace every_kind(std::mt19937_64& rng) {
   Synthetic s;
-  s.t.devices[1] = DeviceInfo{"other", 16, 4, 8};
+  s.t.devices[1] = DeviceInfo{"other", 16, 4, 8, 8, 6};
   std::uniform_int_distribution<int64_t> jitter(0, 999);
   const double base_us = 1.7e12;  // ~2023 in ns since the epoch, as CUPTI gives
   double t = base_us;
@@ -207,6 +209,8 @@ TEST(ChromeTrace, WriterOutputReadsBackEqual) {
   EXPECT_EQ(b.devices.at(0).sm_count, 132);
   EXPECT_EQ(b.devices.at(0).pcie_generation, 5);
   EXPECT_EQ(b.devices.at(1).pcie_width, 8);
+  EXPECT_EQ(b.devices.at(1).compute_major, 8);
+  EXPECT_EQ(b.devices.at(1).compute_minor, 6);
   EXPECT_EQ(b.dropped_records, 17);
   EXPECT_TRUE(b.um_counters_enabled);
 

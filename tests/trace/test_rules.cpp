@@ -251,6 +251,32 @@ TEST(Rules, PageableMemcpy) {
   EXPECT_EQ(find_rule(r, "pcie_saturation"), nullptr);
 }
 
+// Without a measured link (PyTorch traces) the generation is assumed from the compute capability;
+// with neither, 10 GB/s is expected.
+TEST(Rules, PageableMemcpyExpectationWithoutALink) {
+  const auto lost_with = [](DeviceInfo d) {
+    Synthetic s = copies(MemoryKind::pageable, 8000);
+    s.t.devices[0] = d;
+    const Report r = analyze(s.t);
+    const Finding* f = find_rule(r, "pageable_memcpy");
+    return f ? std::pair{f->time_lost_ms, f->evidence["link"].get<std::string>()} : std::pair{-1.0, std::string()};
+  };
+  const auto expected_loss = [](double gbps) { return 20 * (8000 - double(64 << 20) / gbps / 1000) / 1000; };
+  auto [lost, link] = lost_with(DeviceInfo{"H200", 132, 0, 0, 9, 0});
+  EXPECT_NEAR(lost, expected_loss(0.7 * 3.938 * 16), 0.01);
+  EXPECT_EQ(link, "PCIe gen 5 x16 assumed from compute capability 9.0");
+  std::tie(lost, link) = lost_with(DeviceInfo{"A100", 108, 0, 0, 8, 0});
+  EXPECT_NEAR(lost, expected_loss(0.7 * 1.969 * 16), 0.01);
+  EXPECT_EQ(link, "PCIe gen 4 x16 assumed from compute capability 8.0");
+  std::tie(lost, link) = lost_with(DeviceInfo{"?", 132, 0, 0, 0, 0});
+  EXPECT_NEAR(lost, expected_loss(10), 0.01);
+  EXPECT_EQ(link, "unknown");
+  // A measured link wins over the assumption.
+  std::tie(lost, link) = lost_with(DeviceInfo{"H200", 132, 4, 8, 9, 0});
+  EXPECT_NEAR(lost, expected_loss(0.7 * 1.969 * 8), 0.01);
+  EXPECT_EQ(link, "PCIe gen 4 x8");
+}
+
 TEST(Rules, PinnedCopiesAreNotPageable) {
   const Report r = analyze(copies(MemoryKind::pinned, 8000).t);
   EXPECT_EQ(find_rule(r, "pageable_memcpy"), nullptr) << rules_text(r);
