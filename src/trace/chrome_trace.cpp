@@ -80,6 +80,14 @@ std::optional<double> as_number(const json& v) {
   return std::nullopt;
 }
 
+// A finite number within int64 range, truncated.
+std::optional<int64_t> as_integer(const json& v) {
+  if (v.is_number_integer()) return v.get<int64_t>();  // exact beyond 2^53 (addresses)
+  const auto n = as_number(v);
+  if (!n || !std::isfinite(*n) || std::fabs(*n) >= 9.2e18) return std::nullopt;
+  return int64_t(*n);
+}
+
 // Reads one event; a missing or malformed field is noted (with the event's category) and
 // replaced by its default, or makes the caller skip the event.
 class EventReader {
@@ -117,8 +125,7 @@ class EventReader {
   // An integer that Kineto writes either as a number or as a string ("stream": 7, "tid": "7");
   // other strings (named rows such as "Spans") map to a stable hash.
   static std::optional<int64_t> as_int(const json& v) {
-    if (v.is_number_integer()) return v.get<int64_t>();  // exact beyond 2^53 (addresses)
-    if (const auto n = as_number(v)) return int64_t(*n);
+    if (const auto n = as_integer(v)) return n;
     if (v.is_string()) return int64_t(std::hash<std::string>{}(v.get<std::string>()) & 0x7fffffff);
     return std::nullopt;
   }
@@ -136,13 +143,9 @@ class EventReader {
   int64_t arg_int(const char* key, int64_t fallback) const {
     const json* v = arg(key);
     if (!v) return fallback;
-    if (v->is_number_integer()) return v->get<int64_t>();
-    const auto n = as_number(*v);
-    if (!n || !std::isfinite(*n)) {
-      note(std::string("with a non-numeric argument \"") + key + "\", ignored");
-      return fallback;
-    }
-    return int64_t(*n);
+    const auto n = as_integer(*v);
+    if (!n) note(std::string("with a non-numeric argument \"") + key + "\", ignored");
+    return n.value_or(fallback);
   }
   std::array<int, 3> arg_dim3(const char* key) const {
     const json* v = arg(key);

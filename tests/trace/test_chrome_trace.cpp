@@ -282,7 +282,8 @@ TEST(ChromeTrace, MalformedEventsAreSkippedWithANote) {
   EXPECT_TRUE(has_note(n, "gpu_memset event with \"ts\" out of range")) << joined(n);
   // Malformed arguments fall back to their defaults; the event is kept.
   n = notes_of(R"({"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "pid": 2, "tid": 9,
-                   "args": {"grid": 5, "block": [32, "x"], "stream": [1], "registers per thread": "many"}})", &t);
+                   "args": {"grid": 5, "block": [32, "x"], "stream": [1], "registers per thread": "many",
+                            "shared memory": 1e300}})", &t);
   ASSERT_EQ(t.kernels.size(), 1u);
   EXPECT_EQ(t.kernels[0].grid, (std::array<int, 3>{1, 1, 1}));
   EXPECT_EQ(t.kernels[0].block, (std::array<int, 3>{1, 1, 1}));
@@ -293,6 +294,8 @@ TEST(ChromeTrace, MalformedEventsAreSkippedWithANote) {
   EXPECT_TRUE(has_note(n, "kernel event with argument \"block\" not [x, y, z]")) << joined(n);
   EXPECT_TRUE(has_note(n, "non-numeric argument \"stream\"")) << joined(n);
   EXPECT_TRUE(has_note(n, "non-numeric argument \"registers per thread\"")) << joined(n);
+  EXPECT_TRUE(has_note(n, "non-numeric argument \"shared memory\"")) << joined(n);  // out of int64 range
+  EXPECT_EQ(t.kernels[0].shared_memory, 0);
   // Other problems, each noted.
   n = notes_of(R"json(3, {"ph": "X", "cat": "gpulab_um", "name": "teleport", "ts": 1, "dur": 1},
                  {"ph": "C", "cat": "gpulab_nvml", "name": "power (W)", "ts": 1, "args": {"value": "hot"}},
