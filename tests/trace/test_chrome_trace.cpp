@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "trace/chrome_trace.h"
+#include "trace/collect.h"
 #include "trace/report.h"
 #include "trace/rules.h"
 #include "trace/synthetic.h"
@@ -410,4 +411,28 @@ TEST(ChromeTrace, ReadsTorchProfilerLayout) {
   EXPECT_EQ(find_rule(r, "sync_api"), nullptr) << rules_text(r);  // the synchronize ran on an idle GPU
   EXPECT_EQ(find_rule(r, "low_gpu_utilization"), nullptr) << rules_text(r);
   EXPECT_EQ(find_rule(r, "launch_bound"), nullptr) << rules_text(r);
+}
+
+// Per-process traces merged into one: correlation ids kept apart, counts summed, notes kept with
+// the file they came from.
+TEST(ChromeTrace, MergeKeepsProcessesApart) {
+  Synthetic a, b;
+  a.kernel(0, 5, 10);
+  b.kernel(0, 7, 10);  // the same correlation id (1) in another process
+  a.t.dropped_records = 2;
+  b.t.dropped_records = 3;
+  const fs::path fa = temp_file("process-1.json", chrome_trace_json(a.t));
+  nlohmann::json doc = nlohmann::json::parse(chrome_trace_json(b.t));
+  doc["traceEvents"].push_back({{"ph", "X"}, {"cat", "kernel"}, {"name", "broken"}, {"ts", 1}});
+  const fs::path fb = temp_file("process-2.json", doc.dump());
+  const Trace m = merge_traces({fa, fb});
+  fs::remove(fa);
+  fs::remove(fb);
+  ASSERT_EQ(m.kernels.size(), 2u);
+  ASSERT_EQ(m.api_calls.size(), 2u);
+  EXPECT_NE(m.kernels[0].correlation, m.kernels[1].correlation);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(m.kernels[i].correlation, m.api_calls[i].correlation);
+  EXPECT_EQ(m.dropped_records, 5);
+  ASSERT_EQ(m.notes.size(), 1u) << joined(m.notes);
+  EXPECT_EQ(m.notes[0].rfind(fb.filename().string() + ": 1 x kernel event without a numeric \"dur\"", 0), 0u) << m.notes[0];
 }
