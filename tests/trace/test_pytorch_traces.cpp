@@ -58,3 +58,25 @@ TEST(PytorchTraces, PlantedRuleIsTheTopFinding) {
     check(path);
   }
 }
+
+// Every program in examples/pytorch/ is run by scripts/pytorch_traces.sh and has an expectation.
+TEST(PytorchTraces, EveryProgramHasAnExpectationAndIsRun) {
+  const fs::path root = fs::path(GPULAB_TEST_DATA).parent_path().parent_path();
+  std::ifstream expected_file(root / "tests" / "data" / "traces" / "pytorch" / "expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(expected_file);
+  std::ifstream script_file(root / "scripts" / "pytorch_traces.sh");
+  std::string script((std::istreambuf_iterator<char>(script_file)), std::istreambuf_iterator<char>());
+  const auto start = script.find("\nprograms=(");
+  ASSERT_NE(start, std::string::npos);
+  const std::string programs = " " + script.substr(start + 11, script.find(')', start) - start - 11) + " ";
+  int count = 0;
+  for (const auto& e : fs::directory_iterator(root / "examples" / "pytorch")) {
+    const std::string name = e.path().stem().string();
+    if (e.path().extension() != ".py" || name == "common") continue;
+    ++count;
+    EXPECT_TRUE(expected.contains(name + ".json")) << name;
+    EXPECT_NE(programs.find(" " + name + " "), std::string::npos) << name << " is not in the script's programs";
+  }
+  EXPECT_EQ(count, 8);
+  EXPECT_EQ(expected.size(), size_t(count));
+}
