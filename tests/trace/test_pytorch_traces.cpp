@@ -5,7 +5,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "trace/chrome_trace.h"
 #include "trace/rules.h"
