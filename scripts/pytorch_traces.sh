@@ -24,7 +24,7 @@ if [[ -z $gpulab ]]; then
   gpulab=build-device/src/cli/gpulab
 fi
 python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name(0))' |
-  tee "$out/logs/torch.txt"
+  tee "$out/logs/torch.txt" || { echo "pytorch_traces.sh: needs python3 with torch and a CUDA device"; exit 1; }
 
 programs=(launch_bound pageable_memcpy sync_api sync_memcpy host_starved um_thrashing pcie_saturation healthy)
 for p in "${programs[@]}"; do
