@@ -38,9 +38,10 @@ for p in "${programs[@]}"; do
     "$gpulab" diagnose --trace "$out/traces/$p.json" --json "$out/findings/$p.json" >"$out/logs/$p.diagnose.txt" 2>&1 ||
       echo "   diagnose --trace failed: $(tail -1 "$out/logs/$p.diagnose.txt")"
   fi
-  "$gpulab" diagnose --out "$out/native/$p" --json "$out/native/$p.json" -- python3 "examples/pytorch/$p.py" \
+  tmp=$(mktemp -d)  # gpulab's own traces of the whole program are large: not kept
+  "$gpulab" diagnose --out "$tmp" --json "$out/native/$p.json" -- python3 "examples/pytorch/$p.py" \
     >"$out/logs/$p.native.txt" 2>&1 || echo "   gpulab diagnose -- $p failed: $(tail -1 "$out/logs/$p.native.txt")"
-  rm -f "$out/native/$p"/process-*.json  # keep the merged trace.json only
+  rm -rf "$tmp"
 done
 
 python3 - "$out" "${programs[@]}" <<'PY'
