@@ -5,6 +5,8 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <tuple>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -33,38 +35,98 @@ std::string lower(std::string s) {
   return s;
 }
 
-// Reads one event; every accessor names the event on failure.
+// What the reader tolerated, grouped by problem: how often, and the first event it hit.
+class Notes {
+ public:
+  void add(const std::string& problem, size_t index, const std::string& name) {
+    auto [it, inserted] = entries_.try_emplace(problem);
+    if (inserted) {
+      order_.push_back(problem);
+      it->second.first = "event " + std::to_string(index) + (name.empty() ? "" : " \"" + name.substr(0, 80) + "\"");
+    }
+    ++it->second.count;
+  }
+  void add_line(std::string line) { lines_.push_back(std::move(line)); }
+  std::vector<std::string> lines() const {
+    std::vector<std::string> out;
+    for (const auto& p : order_) {
+      const Entry& e = entries_.at(p);
+      out.push_back(std::to_string(e.count) + " x " + p + " (first: " + e.first + ")");
+    }
+    out.insert(out.end(), lines_.begin(), lines_.end());
+    return out;
+  }
+
+ private:
+  struct Entry {
+    int64_t count = 0;
+    std::string first;
+  };
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> order_, lines_;
+};
+
+// A number, or a string holding one ("ts": "12.5", "stream": "7"): some writers quote them.
+std::optional<double> as_number(const json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (!v.is_string()) return std::nullopt;
+  const std::string s = v.get<std::string>();
+  size_t used = 0;
+  try {
+    const double d = std::stod(s, &used);
+    if (used == s.size()) return d;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+// A finite number within int64 range, truncated.
+std::optional<int64_t> as_integer(const json& v) {
+  if (v.is_number_integer()) return v.get<int64_t>();  // exact beyond 2^53 (addresses)
+  const auto n = as_number(v);
+  if (!n || !std::isfinite(*n) || std::fabs(*n) >= 9.2e18) return std::nullopt;
+  return int64_t(*n);
+}
+
+// Reads one event; a missing or malformed field is noted (with the event's category) and
+// replaced by its default, or makes the caller skip the event.
 class EventReader {
  public:
-  EventReader(const json& e, size_t index, const std::string& source) : e_(e), index_(index), source_(source) {}
+  EventReader(const json& e, size_t index, const std::string& cat, Notes& notes)
+      : e_(e), index_(index), cat_(cat), notes_(notes) {}
 
-  [[noreturn]] void fail(const std::string& what) const {
-    throw core::InputError(source_ + ": trace event " + std::to_string(index_) +
-                           (e_.contains("name") && e_["name"].is_string() ? " (" + e_["name"].get<std::string>() + ")" : "") +
-                           ": " + what);
-  }
-  // Microsecond field as nanoseconds.
-  int64_t time_ns(const char* key) const {
+  void note(const std::string& problem) const { notes_.add(cat_ + " event " + problem, index_, name()); }
+  // Microsecond field as nanoseconds; nullopt (noted) when missing, non-numeric or absurd.
+  std::optional<int64_t> time_ns(const char* key) const {
     const auto it = e_.find(key);
-    if (it == e_.end() || !it->is_number()) fail(std::string("missing or non-numeric \"") + key + "\"");
-    const double v = it->get<double>();
-    if (!std::isfinite(v) || std::fabs(v) > 4e15) fail(std::string("\"") + key + "\" out of range");
-    return std::llround(v * 1000.0);
-  }
-  // An integer that Kineto writes either as a number or as a string ("stream": 7, "tid": "7").
-  static std::optional<int64_t> as_int(const json& v) {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number()) return int64_t(v.get<double>());
-    if (v.is_string()) {
-      const std::string s = v.get<std::string>();
-      size_t used = 0;
-      try {
-        const long long n = std::stoll(s, &used);
-        if (used == s.size()) return n;
-      } catch (const std::exception&) {
-      }
-      return int64_t(std::hash<std::string>{}(s) & 0x7fffffff);  // named threads
+    const auto v = it == e_.end() ? std::nullopt : as_number(*it);
+    if (!v) {
+      note(std::string("without a numeric \"") + key + "\", skipped");
+      return std::nullopt;
     }
+    if (!std::isfinite(*v) || std::fabs(*v) > 4e15) {
+      note(std::string("with \"") + key + "\" out of range, skipped");
+      return std::nullopt;
+    }
+    return std::llround(*v * 1000.0);
+  }
+  // Start and end in ns ("ts", "ts" + "dur"), nullopt (noted) when either is unusable.
+  std::optional<std::pair<int64_t, int64_t>> span(int64_t base) const {
+    const auto ts = time_ns("ts");
+    if (!ts) return std::nullopt;
+    const auto dur = time_ns("dur");
+    if (!dur) return std::nullopt;
+    if (*dur < 0) {
+      note("with a negative \"dur\", skipped");
+      return std::nullopt;
+    }
+    return std::pair{*ts + base, *ts + base + *dur};
+  }
+  // An integer that Kineto writes either as a number or as a string ("stream": 7, "tid": "7");
+  // other strings (named rows such as "Spans") map to a stable hash.
+  static std::optional<int64_t> as_int(const json& v) {
+    if (const auto n = as_integer(v)) return n;
+    if (v.is_string()) return int64_t(std::hash<std::string>{}(v.get<std::string>()) & 0x7fffffff);
     return std::nullopt;
   }
   int64_t top_int(const char* key, int64_t fallback) const {
@@ -81,49 +143,59 @@ class EventReader {
   int64_t arg_int(const char* key, int64_t fallback) const {
     const json* v = arg(key);
     if (!v) return fallback;
-    const auto n = as_int(*v);
-    if (!n) fail(std::string("argument \"") + key + "\" is not a number");
-    return *n;
+    const auto n = as_integer(*v);
+    if (!n) note(std::string("with a non-numeric argument \"") + key + "\", ignored");
+    return n.value_or(fallback);
   }
   std::array<int, 3> arg_dim3(const char* key) const {
     const json* v = arg(key);
     std::array<int, 3> d{1, 1, 1};
     if (!v) return d;
-    if (!v->is_array() || v->size() > 3) fail(std::string("argument \"") + key + "\" is not [x, y, z]");
-    for (size_t i = 0; i < v->size(); ++i) {
-      if (!(*v)[i].is_number()) fail(std::string("argument \"") + key + "\" is not [x, y, z]");
-      d[i] = (*v)[i].get<int>();
+    bool ok = v->is_array() && v->size() <= 3;
+    for (size_t i = 0; ok && i < v->size(); ++i) {
+      const auto n = as_number((*v)[i]);
+      ok = n && *n >= 0 && *n < 2147483648.0;
+      if (ok) d[i] = int(*n);
     }
-    return d;
+    if (ok) return d;
+    note(std::string("with argument \"") + key + "\" not [x, y, z], ignored");
+    return {1, 1, 1};
   }
   std::string name() const {
     const auto it = e_.find("name");
     return it != e_.end() && it->is_string() ? it->get<std::string>() : std::string();
   }
-  void fill(GpuActivity& a) const {
-    a.start_ns = time_ns("ts");
-    a.end_ns = a.start_ns + time_ns("dur");
+  bool fill(GpuActivity& a, int64_t base) const {
+    const auto s = span(base);
+    if (!s) return false;
+    std::tie(a.start_ns, a.end_ns) = *s;
     a.device = int(arg_int("device", top_int("pid", 0)));
     a.stream = arg_int("stream", top_int("tid", 0));
     a.correlation = arg_int("correlation", 0);
+    return true;
   }
 
  private:
   const json& e_;
   size_t index_;
-  const std::string& source_;
+  const std::string& cat_;
+  Notes& notes_;
 };
 
-// "Memcpy HtoD (Pageable -> Device)"; unknown parts stay unknown.
-void parse_memcpy_name(const std::string& name, Memcpy& m) {
+// "Memcpy HtoD (Pageable -> Device)"; unknown parts stay unknown. False when the memory kinds are
+// missing or unrecognised.
+bool parse_memcpy_name(const std::string& name, Memcpy& m) {
   const auto space = name.find(' '), open = name.find(" ("), arrow = name.find(" -> "), close = name.rfind(')');
   if (space != std::string::npos)
     m.kind = parse_copy_kind(name.substr(space + 1, open == std::string::npos ? std::string::npos : open - space - 1))
                  .value_or(CopyKind::unknown);
-  if (open != std::string::npos && arrow != std::string::npos && close != std::string::npos && arrow > open) {
-    m.src = parse_memory_kind(name.substr(open + 2, arrow - open - 2)).value_or(MemoryKind::unknown);
-    m.dst = parse_memory_kind(name.substr(arrow + 4, close - arrow - 4)).value_or(MemoryKind::unknown);
-  }
+  if (open == std::string::npos || arrow == std::string::npos || close == std::string::npos || arrow < open)
+    return false;
+  const auto src = parse_memory_kind(name.substr(open + 2, arrow - open - 2));
+  const auto dst = parse_memory_kind(name.substr(arrow + 4, close - arrow - 4));
+  m.src = src.value_or(MemoryKind::unknown);
+  m.dst = dst.value_or(MemoryKind::unknown);
+  return src && dst && m.kind != CopyKind::unknown;
 }
 
 // "Memset (Device)"
@@ -147,6 +219,47 @@ std::string canonical_category(const json& e) {
   return cat;
 }
 
+// A field of a top-level object as T, or `fallback` (noted) when it has another JSON type.
+template <class T>
+T field(const json& obj, const char* key, T fallback, const std::string& where, Notes& notes) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    notes.add_line(where + " \"" + key + "\" has an unexpected type, ignored");
+    return fallback;
+  }
+}
+
+// What the trace lacks for the cause rules, said once rather than discovered as empty findings.
+void note_missing_links(const Trace& t, Notes& notes) {
+  std::unordered_set<int64_t> issued;
+  for (const auto& c : t.api_calls)
+    if (c.correlation != 0) issued.insert(c.correlation);
+  int64_t total = 0, without = 0, unmatched = 0;
+  const auto see = [&](const GpuActivity& a) {
+    ++total;
+    if (a.correlation == 0) ++without;
+    else if (!issued.count(a.correlation)) ++unmatched;
+  };
+  for (const auto& k : t.kernels) see(k);
+  for (const auto& m : t.memcpys) see(m);
+  for (const auto& m : t.memsets) see(m);
+  if (total == 0) return;
+  if (t.api_calls.empty()) {
+    notes.add_line("no CUDA runtime or driver API events: idle GPU time cannot be given a cause (record the host "
+                   "side too, e.g. torch.profiler with ProfilerActivity.CPU)");
+    return;
+  }
+  if (without > 0)
+    notes.add_line(std::to_string(without) + " of " + std::to_string(total) +
+                   " GPU events carry no correlation id: gaps before them cannot be given a cause");
+  if (unmatched > 0)
+    notes.add_line(std::to_string(unmatched) + " of " + std::to_string(total) +
+                   " GPU events have no API call with their correlation id in the trace (issued before it began?)");
+}
+
 Trace parse_events(const json& doc, const std::string& source) {
   const json* events = nullptr;
   if (doc.is_array()) events = &doc;
@@ -156,77 +269,89 @@ Trace parse_events(const json& doc, const std::string& source) {
 
   Trace t;
   t.source = source;
+  Notes notes;
   int64_t base = 0;
   if (doc.is_object()) {
-    if (auto it = doc.find("baseTimeNanoseconds"); it != doc.end() && it->is_number_integer()) base = it->get<int64_t>();
+    base = field<int64_t>(doc, "baseTimeNanoseconds", 0, "top-level", notes);
     if (auto it = doc.find("deviceProperties"); it != doc.end() && it->is_array())
       for (const auto& d : *it) {
-        if (!d.is_object() || !d.contains("id") || !d["id"].is_number()) continue;
+        if (!d.is_object() || !d.contains("id") || !d["id"].is_number()) {
+          notes.add_line("a deviceProperties entry without a numeric \"id\", ignored");
+          continue;
+        }
+        const std::string where = "deviceProperties " + d["id"].dump();
         DeviceInfo info;
-        info.name = d.value("name", "");
-        info.sm_count = d.value("numSms", 0);
-        info.pcie_generation = d.value("pcieGeneration", 0);
-        info.pcie_width = d.value("pcieWidth", 0);
+        info.name = field<std::string>(d, "name", "", where, notes);
+        info.sm_count = field<int>(d, "numSms", 0, where, notes);
+        info.pcie_generation = field<int>(d, "pcieGeneration", 0, where, notes);
+        info.pcie_width = field<int>(d, "pcieWidth", 0, where, notes);
+        info.compute_major = field<int>(d, "computeMajor", 0, where, notes);
+        info.compute_minor = field<int>(d, "computeMinor", 0, where, notes);
         t.devices[d["id"].get<int>()] = info;
       }
     if (auto it = doc.find("gpulab"); it != doc.end() && it->is_object()) {
-      t.dropped_records = it->value("dropped_records", int64_t(0));
-      t.um_counters_enabled = it->value("um_counters_enabled", false);
+      t.dropped_records = field<int64_t>(*it, "dropped_records", 0, "gpulab", notes);
+      t.um_counters_enabled = field<bool>(*it, "um_counters_enabled", false, "gpulab", notes);
     }
   }
 
   std::map<std::pair<int64_t, int64_t>, NvmlSample> samples;  // (time, device)
   for (size_t i = 0; i < events->size(); ++i) {
     const json& e = (*events)[i];
-    if (!e.is_object()) throw core::InputError(source + ": trace event " + std::to_string(i) + " is not an object");
-    const EventReader r(e, i, source);
+    if (!e.is_object()) {
+      notes.add("trace event that is not an object, skipped", i, "");
+      continue;
+    }
     const auto ph_it = e.find("ph");
     const std::string ph = ph_it != e.end() && ph_it->is_string() ? ph_it->get<std::string>() : "";
     const std::string cat = canonical_category(e);
+    const EventReader r(e, i, cat, notes);
     if (ph == "C" && cat == "gpulab_nvml") {
-      const int64_t ts = r.time_ns("ts") + base;
-      NvmlSample& s = samples[{ts, r.top_int("pid", 0)}];
-      s.time_ns = ts;
-      s.device = int(r.top_int("pid", 0));
+      const auto ts = r.time_ns("ts");
+      const json* v = r.arg("value");
+      if (!ts) continue;
+      if (!v || !v->is_number()) {
+        r.note("without a numeric \"value\", skipped");
+        continue;
+      }
+      const int device = int(r.top_int("pid", 0));
+      NvmlSample& s = samples[{*ts + base, device}];
+      s.time_ns = *ts + base;
+      s.device = device;
       const std::string name = r.name();
-      for (const auto& [field, member] : kNvmlFields)
-        if (name == field) {
-          const json* v = r.arg("value");
-          if (!v || !v->is_number()) r.fail("counter without a numeric \"value\"");
-          s.*member = v->get<double>();
-        }
+      for (const auto& [counter, member] : kNvmlFields)
+        if (name == counter) s.*member = v->get<double>();
       continue;
     }
     if (ph != "X") continue;
     if (cat == "kernel") {
       Kernel k;
-      r.fill(k);
+      if (!r.fill(k, base)) continue;
       k.name = r.name();
       k.grid = r.arg_dim3("grid");
       k.block = r.arg_dim3("block");
       k.registers = int(r.arg_int("registers per thread", 0));
       k.shared_memory = r.arg_int("shared memory", 0);
-      k.start_ns += base, k.end_ns += base;
       t.kernels.push_back(std::move(k));
     } else if (cat == "gpu_memcpy") {
       Memcpy m;
-      r.fill(m);
-      parse_memcpy_name(r.name(), m);
+      if (!r.fill(m, base)) continue;
+      if (!parse_memcpy_name(r.name(), m))
+        r.note("named other than \"Memcpy HtoD (Pageable -> Device)\": direction or memory kinds unknown");
       m.bytes = r.arg_int("bytes", 0);
-      m.start_ns += base, m.end_ns += base;
       t.memcpys.push_back(m);
     } else if (cat == "gpu_memset") {
       Memset m;
-      r.fill(m);
+      if (!r.fill(m, base)) continue;
       m.dst = parse_memset_name(r.name());
       m.bytes = r.arg_int("bytes", 0);
-      m.start_ns += base, m.end_ns += base;
       t.memsets.push_back(m);
     } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
       ApiCall c;
+      const auto s = r.span(base);
+      if (!s) continue;
+      std::tie(c.start_ns, c.end_ns) = *s;
       c.name = r.name();
-      c.start_ns = r.time_ns("ts") + base;
-      c.end_ns = c.start_ns + r.time_ns("dur");
       c.thread = r.top_int("tid", 0);
       c.correlation = r.arg_int("correlation", 0);
       c.driver = cat == "cuda_driver";
@@ -234,10 +359,14 @@ Trace parse_events(const json& doc, const std::string& source) {
     } else if (cat == "gpulab_um") {
       UmEvent u;
       const auto kind = parse_um_kind(r.name());
-      if (!kind) r.fail("unknown unified-memory event kind");
+      if (!kind) {
+        r.note("of an unknown unified-memory kind, skipped");
+        continue;
+      }
+      const auto s = r.span(base);
+      if (!s) continue;
       u.kind = *kind;
-      u.start_ns = r.time_ns("ts") + base;
-      u.end_ns = u.start_ns + r.time_ns("dur");
+      std::tie(u.start_ns, u.end_ns) = *s;
       u.address = uint64_t(r.arg_int("address", 0));
       u.value = r.arg_int("value", 0);
       u.device = int(r.top_int("pid", 0));
@@ -245,6 +374,8 @@ Trace parse_events(const json& doc, const std::string& source) {
     }
   }
   for (auto& [key, s] : samples) t.samples.push_back(s);
+  note_missing_links(t, notes);
+  t.notes = notes.lines();
   return t;
 }
 
@@ -261,6 +392,12 @@ Trace parse_chrome_trace(const json& doc, const std::string& source) {
 Trace read_chrome_trace(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw core::InputError(path.string() + ": cannot open the trace file");
+  if (in.peek() == 0x1f) {  // gzip's magic 1f 8b: export_chrome_trace("x.json.gz") compresses
+    in.get();
+    if (in.peek() == 0x8b)
+      throw core::InputError(path.string() + ": gzip-compressed; decompress it first (gunzip -k " + path.string() + ")");
+    in.unget();
+  }
   json doc;
   try {
     doc = json::parse(in);
@@ -362,8 +499,8 @@ std::string chrome_trace_json(const Trace& t) {
 
   json props = json::array();
   for (const auto& [id, d] : t.devices)
-    props.push_back({{"id", id}, {"name", d.name}, {"numSms", d.sm_count}, {"pcieGeneration", d.pcie_generation},
-                     {"pcieWidth", d.pcie_width}});
+    props.push_back({{"id", id}, {"name", d.name}, {"numSms", d.sm_count}, {"computeMajor", d.compute_major},
+                     {"computeMinor", d.compute_minor}, {"pcieGeneration", d.pcie_generation}, {"pcieWidth", d.pcie_width}});
   const json doc = {{"schemaVersion", 1},
                     {"displayTimeUnit", "ms"},
                     {"baseTimeNanoseconds", origin},

@@ -96,6 +96,7 @@ Trace merge_traces(const std::vector<fs::path>& files) {
     for (auto& [id, d] : t.devices) out.devices[id] = d;
     out.dropped_records += t.dropped_records;
     out.um_counters_enabled = out.um_counters_enabled || t.um_counters_enabled;
+    for (const auto& n : t.notes) out.notes.push_back(f.filename().string() + ": " + n);
     out.source += (out.source.empty() ? "" : " + ") + t.source;
   }
   return out;

@@ -134,6 +134,8 @@ void print_report(std::ostream& out, const Report& report) {
   if (s.value("dropped_records", int64_t(0)) > 0)
     out << "  warning: CUPTI dropped " << s["dropped_records"].get<int64_t>()
         << " records; the figures below undercount\n";
+  if (const auto notes = s.find("notes"); notes != s.end())
+    for (const json& n : *notes) out << "  note: " << n.get<std::string>() << "\n";
   if (const auto top = s.find("top_kernels"); top != s.end() && !top->empty()) {
     out << "  top kernels by GPU time:\n";
     for (const json& k : *top)

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -172,6 +173,7 @@ class Analyzer {
 
   void index();
   const ApiCall* top_level_call(const ApiCall* call) const;
+  Blocking blocking(const ApiCall& call) const;
   const ApiCall* blocking_call_before(const ApiCall* launch, const Gap& g) const;
   bool um_host_activity(const Interval& window) const;
   int64_t api_time(int64_t thread, const Interval& w) const;
@@ -197,6 +199,7 @@ class Analyzer {
   Interval span_{0, 0};
   std::vector<Gap> gaps_;
   std::unordered_map<int64_t, const ApiCall*> by_correlation_;
+  std::unordered_set<int64_t> to_pageable_;  // correlation ids of device-to-pageable copies
   std::map<int64_t, std::vector<const ApiCall*>> top_calls_;  // per thread, sorted by start
   std::vector<Interval> um_migrations_;
   std::vector<int64_t> um_host_times_;  // CPU faults and DtoH migration starts, sorted
@@ -236,6 +239,8 @@ void Analyzer::index() {
         {busy_[i - 1].end, busy_[i].start, last_start[i - 1], a < activities_.size() ? &activities_[a] : nullptr});
   }
 
+  for (const auto& m : t_.memcpys)
+    if (m.dst == MemoryKind::pageable && m.correlation != 0) to_pageable_.insert(m.correlation);
   for (const auto& c : t_.api_calls)
     if (c.correlation != 0) {
       // Runtime calls win over driver calls sharing an id (they issue the work users wrote).
@@ -252,6 +257,14 @@ void Analyzer::index() {
     for (const ApiCall* c : calls)
       if (top.empty() || c->start_ns >= top.back()->end_ns) top.push_back(c);  // drop nested calls
   }
+}
+
+// A copy from the device into pageable memory returns only once the copy is done, "Async" or not
+// (CUDA's API sync behaviour): PyTorch's .item() is such a cudaMemcpyAsync.
+Blocking Analyzer::blocking(const ApiCall& call) const {
+  const Blocking b = blocking_kind(call.name);
+  if (b == Blocking::none && call.correlation != 0 && to_pageable_.count(call.correlation)) return Blocking::sync_memcpy;
+  return b;
 }
 
 const ApiCall* Analyzer::top_level_call(const ApiCall* call) const {
@@ -275,7 +288,7 @@ const ApiCall* Analyzer::blocking_call_before(const ApiCall* launch, const Gap& 
   while (pos != calls.begin()) {
     const ApiCall* c = *--pos;
     if (c->end_ns <= g.last_work_start) break;  // and so did every earlier call
-    if (blocking_kind(c->name) != Blocking::none) return c;
+    if (blocking(*c) != Blocking::none) return c;
   }
   return nullptr;
 }
@@ -309,7 +322,7 @@ void Analyzer::attribute_gaps() {
     if (found == by_correlation_.end()) continue;
     const ApiCall* launch = top_level_call(found->second);
     const ApiCall* prev = blocking_call_before(launch, g);
-    const Blocking blocked = prev ? blocking_kind(prev->name) : Blocking::none;
+    const Blocking blocked = prev ? blocking(*prev) : Blocking::none;
     // That call explains the gap when the launch came straight after it returned (less than
     // min_host of host work in between). Not "returned after the gap began": the GPU-to-host clock
     // conversion can put the return a few microseconds before the end of the kernel it waited for.
@@ -406,13 +419,13 @@ void Analyzer::rule_attributed() {
     Offenders calls;
     int64_t host_blocked = 0;
     for (const auto& c : t_.api_calls)
-      if (!c.driver && blocking_rule(blocking_kind(c.name)) == std::string(rule)) {
+      if (!c.driver && blocking_rule(blocking(c)) == std::string(rule)) {
         calls.add(c.name, c.end_ns - c.start_ns);
         host_blocked += c.end_ns - c.start_ns;
       }
     if (calls.by_name.empty())  // driver-only traces
       for (const auto& c : t_.api_calls)
-        if (blocking_rule(blocking_kind(c.name)) == std::string(rule)) calls.add(c.name, c.end_ns - c.start_ns);
+        if (blocking_rule(blocking(c)) == std::string(rule)) calls.add(c.name, c.end_ns - c.start_ns);
     int64_t lost = 0;
     for (const auto* a : it->second) lost += a->span.length();
     int64_t n = 0;
@@ -508,15 +521,34 @@ double best_pinned_gbps(const Trace& t, CopyKind kind, int64_t min_bytes) {
   return best;
 }
 
-double link_gbps(const Trace& t) {
-  double best = 0;
-  for (const auto& [id, d] : t.devices) best = std::max(best, d.pcie_gbps());
+// The host link's one-direction bandwidth, GB/s, and where it comes from: the PCIe generation
+// and width NVML reported, else assumed from the compute capability (PyTorch traces carry no link
+// information; discrete GPUs of compute capability 9 and later use PCIe gen 5 x16, 8.x gen 4,
+// 6.x-7.x gen 3), else 0.
+struct Link {
+  double gbps = 0;
+  std::string source = "unknown";
+};
+
+Link host_link(const Trace& t) {
+  Link best;
+  for (const auto& [id, d] : t.devices)
+    if (d.pcie_gbps() > best.gbps)
+      best = {d.pcie_gbps(), "PCIe gen " + std::to_string(d.pcie_generation) + " x" + std::to_string(d.pcie_width)};
+  if (best.gbps > 0) return best;
+  for (const auto& [id, d] : t.devices) {
+    const int gen = d.compute_major >= 9 ? 5 : d.compute_major == 8 ? 4 : d.compute_major >= 6 ? 3 : 0;
+    const DeviceInfo assumed{"", 0, gen, 16};
+    if (assumed.pcie_gbps() > best.gbps)
+      best = {assumed.pcie_gbps(), "PCIe gen " + std::to_string(gen) + " x16 assumed from compute capability " +
+                                       std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor)};
+  }
   return best;
 }
 
 void Analyzer::rule_pageable() {
   const int64_t min_bytes = int64_t(th_.get("pcie_saturation.min_bytes"));
-  const double link = link_gbps(t_);
+  const Link link = host_link(t_);
   int64_t lost = 0, count = 0, async_count = 0, bytes = 0, time = 0;
   std::map<CopyKind, double> expected;
   Offenders kinds;
@@ -532,7 +564,7 @@ void Analyzer::rule_pageable() {
               m.duration_ns());
     if (!expected.count(m.kind)) {
       double gbps = th_.get("pageable_memcpy.pinned_gbps");
-      if (gbps <= 0) gbps = std::max(best_pinned_gbps(t_, m.kind, min_bytes), 0.7 * link);
+      if (gbps <= 0) gbps = std::max(best_pinned_gbps(t_, m.kind, min_bytes), 0.7 * link.gbps);
       if (gbps <= 0) gbps = 10;  // a conservative PCIe gen 3/4 pinned rate
       expected[m.kind] = gbps;
     }
@@ -547,15 +579,16 @@ void Analyzer::rule_pageable() {
                   " issued as async)",
               {{"copies", count}, {"async_copies", async_count}, {"bytes", bytes}, {"copy_time_ms", ms(time)},
                {"achieved_gbps", round3(time > 0 ? double(bytes) / double(time) : 0)},
-               {"expected_pinned_gbps", exp}, {"top_offenders", kinds.top()}});
+               {"expected_pinned_gbps", exp}, {"link", link.source}, {"top_offenders", kinds.top()}});
 }
 
 void Analyzer::rule_pcie() {
   const int64_t min_bytes = int64_t(th_.get("pcie_saturation.min_bytes"));
   const double fraction = th_.get("pcie_saturation.min_fraction");
-  double link = th_.get("pcie_saturation.link_gbps");
-  const bool link_given = link > 0;
-  if (!link_given) link = link_gbps(t_);
+  Link host = host_link(t_);
+  const bool link_given = th_.get("pcie_saturation.link_gbps") > 0;
+  if (link_given) host = {th_.get("pcie_saturation.link_gbps"), "pcie_saturation.link_gbps"};
+  const double link = host.gbps;
   std::vector<Interval> saturated;
   int64_t bytes = 0, count = 0;
   json ceilings = json::object();
@@ -583,7 +616,7 @@ void Analyzer::rule_pcie() {
               {{"copies", count}, {"bytes", bytes}, {"copy_time_ms", ms(copy_time)},
                {"copy_without_kernels_ms", ms(alone)},
                {"achieved_gbps", round3(double(bytes) / double(std::max<int64_t>(copy_time, 1)))},
-               {"ceiling_gbps", ceilings}, {"link_gbps", round3(link)}});
+               {"ceiling_gbps", ceilings}, {"link_gbps", round3(link)}, {"link", host.source}});
 }
 
 void Analyzer::rule_occupancy() {
@@ -693,6 +726,7 @@ Report Analyzer::run() {
   json devices = json::array();
   for (const auto& [id, d] : t_.devices)
     devices.push_back({{"id", id}, {"name", d.name}, {"sm_count", d.sm_count},
+                       {"compute_capability", std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor)},
                        {"pcie_generation", d.pcie_generation}, {"pcie_width", d.pcie_width}});
   r.summary = {{"source", t_.source},
                {"span_ms", ms(span_.length())},
@@ -708,6 +742,7 @@ Report Analyzer::run() {
                {"dropped_records", t_.dropped_records},
                {"devices", devices}};
   r.summary["top_kernels"] = top_kernels(10);
+  if (!t_.notes.empty()) r.summary["notes"] = t_.notes;
   if (!t_.samples.empty()) {
     double sum = 0;
     int n = 0;

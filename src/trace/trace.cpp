@@ -30,6 +30,7 @@ std::string_view copy_kind_name(CopyKind k) { return name_of(kCopyKindNames, int
 std::string_view um_kind_name(UmKind k) { return kUmKindNames[size_t(k)]; }
 
 std::optional<MemoryKind> parse_memory_kind(std::string_view name) {
+  if (name == "Pagable") return MemoryKind::pageable;  // older Kineto's spelling
   return parse_name<MemoryKind>(kMemoryKindNames, name);
 }
 std::optional<CopyKind> parse_copy_kind(std::string_view name) {

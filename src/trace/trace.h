@@ -103,6 +103,8 @@ struct DeviceInfo {
   int sm_count = 0;           // 0 = unknown
   int pcie_generation = 0;    // 0 = unknown
   int pcie_width = 0;
+  int compute_major = 0;      // 0 = unknown
+  int compute_minor = 0;
   // Theoretical one-direction PCIe bandwidth from generation and width, GB/s; 0 if unknown.
   double pcie_gbps() const;
 };
@@ -118,6 +120,7 @@ struct Trace {
   int64_t dropped_records = 0;
   bool um_counters_enabled = false;  // the collector managed to enable UM counters
   std::string source;                // file or command the trace came from
+  std::vector<std::string> notes;    // what the reader skipped or could not use, for the report
 };
 
 }  // namespace gpulab::trace

@@ -131,7 +131,13 @@ Synthetic blocking(const std::string& what) {
       s.api("cudaGetLastError", l + 33.5, l + 34);
       s.api("cudaPeekAtLastError", l + 35.5, l + 36);
     }
-    else if (what == "memcpy" || what == "memcpy_async")
+    else if (what == "item" || what == "item_pinned") {
+      // PyTorch's .item(): cudaMemcpyAsync into a pageable (or, as a control, pinned) host value,
+      // waiting for the kernel before it, then a quick cudaStreamSynchronize.
+      s.copy("cudaMemcpyAsync", l + 3, l + 37.8, l + 35.5, 2, CopyKind::dtoh, MemoryKind::device,
+             what == "item" ? MemoryKind::pageable : MemoryKind::pinned, 4);
+      s.api("cudaStreamSynchronize", l + 37.9, l + 38.1);
+    } else if (what == "memcpy" || what == "memcpy_async")
       s.copy(what == "memcpy" ? "cudaMemcpy" : "cudaMemcpyAsync", l + 3, what == "memcpy" ? l + 38 : l + 4, l + 35.5, 2,
              CopyKind::dtoh, MemoryKind::device, MemoryKind::pinned, 4096);
     else if (what == "memset") {
@@ -207,6 +213,14 @@ TEST(Rules, SyncMemcpyAndSyncMemset) {
   const Report set = analyze(blocking("memset").t);
   expect_top(set, "sync_memset", Severity::medium);
   EXPECT_EQ(find_rule(set, "sync_memcpy"), nullptr);
+  // An async copy into pageable memory blocks the host all the same (CUDA's API sync behaviour).
+  const Report item = analyze(blocking("item").t);
+  expect_top(item, "sync_memcpy", Severity::medium);
+  EXPECT_NEAR(item.findings[0].time_lost_ms, 499 * 0.006, 1e-3);
+  EXPECT_EQ(item.findings[0].evidence["top_calls"][0]["name"].get<std::string>(), "cudaMemcpyAsync");
+  EXPECT_EQ(find_rule(item, "sync_api"), nullptr) << rules_text(item);  // that synchronize found the GPU idle
+  const Report item_pinned = analyze(blocking("item_pinned").t);
+  EXPECT_EQ(find_rule(item_pinned, "sync_memcpy"), nullptr) << rules_text(item_pinned);
   const Report async = analyze(blocking("memcpy_async").t);
   EXPECT_EQ(find_rule(async, "sync_memcpy"), nullptr) << rules_text(async);
   EXPECT_EQ(find_rule(async, "sync_api"), nullptr) << rules_text(async);
@@ -235,6 +249,32 @@ TEST(Rules, PageableMemcpy) {
   const double pinned_us = double(64 << 20) / (0.7 * 3.938 * 16) / 1000;
   EXPECT_NEAR(r.findings[0].time_lost_ms, 20 * (8000 - pinned_us) / 1000, 0.01);
   EXPECT_EQ(find_rule(r, "pcie_saturation"), nullptr);
+}
+
+// Without a measured link (PyTorch traces) the generation is assumed from the compute capability;
+// with neither, 10 GB/s is expected.
+TEST(Rules, PageableMemcpyExpectationWithoutALink) {
+  const auto lost_with = [](DeviceInfo d) {
+    Synthetic s = copies(MemoryKind::pageable, 8000);
+    s.t.devices[0] = d;
+    const Report r = analyze(s.t);
+    const Finding* f = find_rule(r, "pageable_memcpy");
+    return f ? std::pair{f->time_lost_ms, f->evidence["link"].get<std::string>()} : std::pair{-1.0, std::string()};
+  };
+  const auto expected_loss = [](double gbps) { return 20 * (8000 - double(64 << 20) / gbps / 1000) / 1000; };
+  auto [lost, link] = lost_with(DeviceInfo{"H200", 132, 0, 0, 9, 0});
+  EXPECT_NEAR(lost, expected_loss(0.7 * 3.938 * 16), 0.01);
+  EXPECT_EQ(link, "PCIe gen 5 x16 assumed from compute capability 9.0");
+  std::tie(lost, link) = lost_with(DeviceInfo{"A100", 108, 0, 0, 8, 0});
+  EXPECT_NEAR(lost, expected_loss(0.7 * 1.969 * 16), 0.01);
+  EXPECT_EQ(link, "PCIe gen 4 x16 assumed from compute capability 8.0");
+  std::tie(lost, link) = lost_with(DeviceInfo{"?", 132, 0, 0, 0, 0});
+  EXPECT_NEAR(lost, expected_loss(10), 0.01);
+  EXPECT_EQ(link, "unknown");
+  // A measured link wins over the assumption.
+  std::tie(lost, link) = lost_with(DeviceInfo{"H200", 132, 4, 8, 9, 0});
+  EXPECT_NEAR(lost, expected_loss(0.7 * 1.969 * 8), 0.01);
+  EXPECT_EQ(link, "PCIe gen 4 x8");
 }
 
 TEST(Rules, PinnedCopiesAreNotPageable) {

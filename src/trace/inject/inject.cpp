@@ -296,10 +296,14 @@ void Collector::describe_devices() {
     char name[256] = {}, bus[64] = {};
     cuDeviceGetName(name, sizeof name, dev);
     cuDeviceGetPCIBusId(bus, sizeof bus, dev);
-    int sms = 0;
+    int sms = 0, major = 0, minor = 0;
     cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
     trace_.devices[i].name = name;
     trace_.devices[i].sm_count = sms;
+    trace_.devices[i].compute_major = major;
+    trace_.devices[i].compute_minor = minor;
     bus_ids_.push_back(bus);
   }
 }
