@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include "common/gpu.h"
 #include "core/error.h"
+#include "core/safetensors.h"
 #include "llm/cpu_model.h"
 #include "llm/cuda_engine.h"
 #include "llm/fixtures.h"
@@ -108,6 +110,31 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngineFixture, ::testing::Values("llama_t
 
 // The sharded checkpoint holds the same bytes as the single file: the engine's logits must be
 // identical bit for bit (a loading-order bug or nondeterminism would show here).
+// A random LLaMA-2-7B-shape checkpoint that transformers wrote, with its float32 logits, made on
+// the GPU machine by tests/reference/hf_llama_random.py (GPULAB_HF_REFERENCE_DIR names it).
+TEST(CudaEngine, RandomSevenBCheckpointMatchesTransformers) {
+  GPULAB_REQUIRE_GPU();
+  const char* dir = std::getenv("GPULAB_HF_REFERENCE_DIR");
+  if (!dir) GTEST_SKIP() << "GPULAB_HF_REFERENCE_DIR is not set (run tests/reference/hf_llama_random.py first)";
+  const core::SafetensorsFile ref(std::filesystem::path(dir) / "reference.safetensors");
+  const core::TensorInfo* ids_info = ref.find("ids");
+  const core::TensorInfo* logits_info = ref.find("logits");
+  ASSERT_TRUE(ids_info && logits_info && ids_info->dtype == core::DType::i32 && logits_info->dtype == core::DType::f32);
+  std::vector<int32_t> ids(ids_info->numel());
+  std::memcpy(ids.data(), ref.data(*ids_info).data(), ids_info->bytes());
+  std::vector<float> want(logits_info->numel());
+  std::memcpy(want.data(), ref.data(*logits_info).data(), logits_info->bytes());
+
+  CudaEngine engine(WeightSource::from_checkpoint(dir), modest());
+  const int64_t V = engine.config().vocab_size;
+  ASSERT_EQ(want.size(), ids.size() * static_cast<size_t>(V));
+  const Agreement a = compare_logits(engine.logits(ids), want, V);
+  std::printf("random 7B checkpoint vs transformers fp32: rel L2 %.2e, top-1 %lld/%lld\n", a.rel_l2,
+              (long long)a.top1_agree, (long long)a.rows);
+  EXPECT_LE(a.rel_l2, 2e-2);
+  EXPECT_GE(a.top1_agree, static_cast<int64_t>(std::ceil(0.98 * static_cast<double>(a.rows))));
+}
+
 TEST(CudaEngine, ShardedCheckpointGivesTheLogitsOfTheSingleFile) {
   GPULAB_REQUIRE_GPU();
   CudaEngine single(tiny(), modest());
