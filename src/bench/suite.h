@@ -86,7 +86,7 @@ std::vector<const Suite*> select_suites(const std::vector<std::string>& names);
 void print_suite_list(std::ostream& out);
 
 // InputError when --only names a gemm variant that does not exist (the message lists them) or
-// --sizes holds a size below 1; run_bench checks this before looking for a device.
+// --sizes holds a size outside 1..2^31-1; run_bench checks this before looking for a device.
 void check_gemm_options(const Options& options);
 
 // Runs the selected suites on the device; NoDeviceError (exit 3) without one.
