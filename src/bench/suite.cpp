@@ -77,6 +77,7 @@ void print_suite_list(std::ostream& out) {
 
 int run_bench(const std::vector<std::string>& names, const Options& options, std::ostream& out) {
   const auto selected = select_suites(names);  // a bad name is a usage error even without a GPU
+  check_gemm_options(options);
   const int count = core::require_devices();
   if (options.device < 0 || options.device >= count)
     throw core::InputError("--device " + std::to_string(options.device) + " does not exist (" +

@@ -22,6 +22,8 @@ struct Options {
   int device = 0;
   std::string json_path;                // write the results here when not empty
   std::string html_path;                // write an HTML report (roofline, charts) here when not empty
+  std::vector<std::string> only;         // gemm: run only these variants (all when empty)
+  std::vector<int64_t> sizes;            // gemm: square sizes instead of the suite's list
 };
 
 // What a suite runs with, and where its rows go.
@@ -82,6 +84,10 @@ const std::vector<Suite>& suites();
 std::vector<const Suite*> select_suites(const std::vector<std::string>& names);
 // "name  summary" lines for --list.
 void print_suite_list(std::ostream& out);
+
+// InputError when --only names a gemm variant that does not exist (the message lists them) or
+// --sizes holds a size outside 1..2^31-1; run_bench checks this before looking for a device.
+void check_gemm_options(const Options& options);
 
 // Runs the selected suites on the device; NoDeviceError (exit 3) without one.
 int run_bench(const std::vector<std::string>& names, const Options& options, std::ostream& out);

@@ -2,9 +2,12 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -38,7 +41,8 @@ uint32_t alignment(const void* p) {
 
 }  // namespace
 
-// One cached problem: descriptors, layouts and the algorithm cuBLASLt's heuristic chose.
+// One cached problem: descriptors, layouts and the chosen algorithm (the heuristic's first, or
+// the fastest of its candidates when autotuning).
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_x = nullptr, layout_y = nullptr, layout_c = nullptr;
@@ -58,7 +62,10 @@ struct Blas::State {
   cublasLtHandle_t handle = nullptr;
   core::DeviceBuffer<std::byte> workspace;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  int autotune = 0;  // candidates to time per new plan; ≤ 1: the heuristic's first choice
 };
+
+void Blas::set_autotune(int candidates) { state_->autotune = candidates; }
 
 Blas::Blas(size_t workspace_bytes) : state_(std::make_unique<State>()) {
   GPULAB_CHECK(cublasLtCreate(&state_->handle));
@@ -117,10 +124,10 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
       GPULAB_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.b, sizeof scales.b));
       GPULAB_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.a, sizeof scales.a));
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(1, state_->autotune));
     int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state_->handle, p->desc, p->layout_x, p->layout_y,
-                                                                 p->layout_c, p->layout_c, pref, 1, &result, &found);
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state_->handle, p->desc, p->layout_x, p->layout_y, p->layout_c,
+                                                                 p->layout_c, pref, int(results.size()), results.data(), &found);
     GPULAB_CHECK_NOTHROW(cublasLtMatmulPreferenceDestroy(pref));
     if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
       state_->plans.erase(key);
@@ -129,7 +136,30 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
                         std::string(core::dtype_name(t.b)) + "->" + std::string(core::dtype_name(t.c)) +
                         " (" + core::status_string(status) + ")");
     }
-    p->algo = result.algo;
+    p->algo = results[0].algo;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    GPULAB_CHECK(cudaStreamIsCapturing(stream, &capture));
+    // Timing overwrites C, so only a plan whose first call overwrites C anyway is tuned.
+    if (found > 1 && beta == 0.f && capture == cudaStreamCaptureStatusNone) {
+      constexpr int kTimedRuns = 5;
+      core::EventTimer timer(stream);
+      float best = std::numeric_limits<float>::infinity();
+      for (int i = 0; i < found; ++i) {
+        auto launch = [&] {
+          return cublasLtMatmul(state_->handle, p->desc, &alpha, b, p->layout_x, a, p->layout_y, &beta, c, p->layout_c, c,
+                                p->layout_c, &results[i].algo, state_->workspace.get(), state_->workspace.bytes(), stream);
+        };
+        if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // the warm-up; a candidate that cannot run is skipped
+        timer.start();
+        bool ok = true;
+        for (int r = 0; r < kTimedRuns && ok; ++r) ok = launch() == CUBLAS_STATUS_SUCCESS;
+        const float ms = timer.stop();
+        if (ok && ms < best) {
+          best = ms;
+          p->algo = results[i].algo;
+        }
+      }
+    }
     plan = std::move(p);
   }
 

@@ -34,6 +34,11 @@ struct Fp8Scales {
 
 // Owns a cuBLASLt handle and workspace, and caches the chosen algorithm per problem.
 // One per device and thread; not thread-safe.
+// By default the algorithm is the heuristic's first choice. With autotuning on, the plan made by a
+// call with beta = 0 (outside stream capture) asks the heuristic for up to `candidates`
+// algorithms, runs each on that call's own operands (one warm-up, then a few timed back-to-back
+// launches) and keeps the fastest: what a benchmark wants, at the cost of a synchronisation and
+// some dozens of extra products once per shape. Plans made before the switch keep their choice.
 class Blas {
  public:
   explicit Blas(size_t workspace_bytes = 32u << 20);
@@ -45,6 +50,8 @@ class Blas {
   void matmul(const MatmulShape& shape, const MatmulTypes& types, const void* a, const void* b,
               void* c, cudaStream_t stream, float alpha = 1.f, float beta = 0.f,
               const Fp8Scales& scales = {});
+
+  void set_autotune(int candidates);  // ≤ 1: off
 
  private:
   struct State;

@@ -123,3 +123,49 @@ TEST(BlasMatmul, Fp8RefusesLayoutsCuBlasLtCannotRun) {
                            nullptr, nullptr, stream),
                core::Error);
 }
+
+// Autotuned plans: every candidate ran on the operands before the fastest was kept; the answer
+// must still be the exact one, and a cached tuned plan must give it again. k keeps every sum
+// exact in the output type (|sum| ≤ 4k: 256 for bf16, 2048 for fp16).
+TEST(BlasMatmul, AutotunedPlansAreExact) {
+  GPULAB_REQUIRE_GPU();
+  blas::Blas blas;
+  blas.set_autotune(16);
+  std::mt19937 rng(11);
+  using M = core::MathMode;
+  for (int rep = 0; rep < 2; ++rep) {  // the second pass reuses the tuned plans
+    run_case(blas, {DType::bf16, DType::bf16, M::strict_fp32, false, false, 512, 512, 64}, rng);
+    run_case(blas, {DType::f16, DType::f16, M::strict_fp32, false, false, 384, 256, 512}, rng);
+    run_case(blas, {DType::f32, DType::f32, M::strict_fp32, false, false, 256, 256, 256}, rng);
+    run_case(blas, {DType::f32, DType::f32, M::tf32, false, true, 256, 128, 512}, rng);
+    run_case(blas, {DType::f8e4m3, DType::bf16, M::strict_fp32, false, true, 256, 256, 64}, rng);
+    run_case(blas, {DType::bf16, DType::f32, M::strict_fp32, false, true, 33, 17, 24}, rng);
+  }
+}
+
+// Tuning would overwrite C, so a plan first used with beta ≠ 0 is not tuned: C = A·B + C stays exact.
+TEST(BlasMatmul, AutotuneKeepsAccumulatingCallsExact) {
+  GPULAB_REQUIRE_GPU();
+  blas::Blas blas;
+  blas.set_autotune(16);
+  const int64_t m = 128, n = 96, k = 64;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> dist(-2, 2);
+  std::vector<float> a(m * k), b(k * n), c(m * n), out(m * n);
+  for (auto* v : {&a, &b, &c})
+    for (auto& x : *v) x = float(dist(rng));
+  core::DeviceBuffer<float> da(a.size()), db(b.size()), dc(c.size());
+  GPULAB_CHECK(cudaMemcpy(da.get(), a.data(), da.bytes(), cudaMemcpyHostToDevice));
+  GPULAB_CHECK(cudaMemcpy(db.get(), b.data(), db.bytes(), cudaMemcpyHostToDevice));
+  GPULAB_CHECK(cudaMemcpy(dc.get(), c.data(), dc.bytes(), cudaMemcpyHostToDevice));
+  core::Stream stream;
+  blas.matmul({m, n, k}, {DType::f32, DType::f32, DType::f32}, da.get(), db.get(), dc.get(), stream, 1.f, 1.f);
+  stream.synchronize();
+  GPULAB_CHECK(cudaMemcpy(out.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = c[i * n + j];
+      for (int64_t p = 0; p < k; ++p) ref += double(a[i * k + p]) * b[p * n + j];
+      ASSERT_EQ(out[i * n + j], ref) << "at (" << i << ", " << j << ")";
+    }
+}

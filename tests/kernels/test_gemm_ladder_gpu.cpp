@@ -92,16 +92,22 @@ TEST(GemmLadderGpu, RegisterBlockedTileMultiples) {
   check_step(GemmStep::register_blocked, core::DType::f32, {{128, 128, 8}, {256, 384, 264}, {512, 256, 1000}});
 }
 
-// mma_sync: k = 32 is one k-tile (fewer than the pipeline's stages), 160 exactly fills the 5
-// stages, 1024 and 4096 wrap the ring many times; 384×768 is a 3×3 grid of 128×256 block tiles.
+// mma_sync (128×256×32 block tiles, a 4-stage ring, fragments loaded one k-step ahead, blocks
+// rastered in groups of 8 block rows): k = 32 is one k-tile (the prologue fills fewer stages than
+// it has), 96 exactly the prologue's 3, 128 the whole ring; 1024 and 4096 wrap the ring many
+// times. 1408 = 11 block rows is a full raster group and a partial one of 3; 2176 = 17 rows two
+// full groups and one of a single row; 384×768 is a 3×3 grid.
+const std::initializer_list<std::tuple<int, int, int>> kMmaSizes = {
+    {128, 256, 32}, {256, 512, 96}, {256, 512, 128}, {384, 768, 1024}, {1408, 768, 160}, {2176, 512, 64}, {256, 256, 4096}};
+
 TEST(GemmLadderGpu, MmaSyncBf16) {
   GPULAB_REQUIRE_GPU();
-  check_step(GemmStep::mma_sync, core::DType::bf16, {{128, 256, 32}, {256, 512, 160}, {384, 768, 1024}, {256, 256, 4096}});
+  check_step(GemmStep::mma_sync, core::DType::bf16, kMmaSizes);
 }
 
 TEST(GemmLadderGpu, MmaSyncFp16) {
   GPULAB_REQUIRE_GPU();
-  check_step(GemmStep::mma_sync, core::DType::f16, {{128, 256, 32}, {256, 512, 160}, {384, 768, 1024}, {256, 256, 4096}});
+  check_step(GemmStep::mma_sync, core::DType::f16, kMmaSizes);
 }
 
 TEST(GemmLadderGpu, WgmmaBf16) {
