@@ -46,6 +46,8 @@ void add_model_options(CLI::App& sub, ModelOptions& opt) {
 }
 
 llm::WeightSource load_weights(const ModelOptions& opt) {
+  if (opt.engine.device == "cpu" && opt.engine.cuda.weights != llm::WeightFormat::bf16)
+    throw core::InputError("--weights fp8 needs --device cuda (the CPU reference computes in float32)");
   if (opt.dummy_weights) {
     if (opt.config.empty()) throw core::InputError("--dummy-weights needs --config FILE|NAME");
     return llm::WeightSource::random(llm::config_from_arg(opt.config));

@@ -50,8 +50,10 @@ TEST(Fp8QuantGpu, MatchesTheReferenceBitForBit) {
       check_quantize(dt, g, 1, 16, 1.0f, rng);
       check_quantize(dt, g, 16, 4096, 3.0f, rng);  // a decode step's activation
       check_quantize(dt, g, 37, 1000, 0.02f, rng);
-      check_quantize(dt, g, 300, 352, 100.0f, rng);  // more rows than threads: per-tensor's amax loop
-      check_quantize(dt, g, 300, 352, 1e-3f, rng);   // again, smaller: nothing kept from the last call
+      check_quantize(dt, g, 5, 1001, 1.0f, rng);  // rows that cannot move in 16-byte packs
+      check_quantize(dt, g, 3, 37, 1.0f, rng);
+      check_quantize(dt, g, 1500, 352, 100.0f, rng);  // more rows than threads: per-tensor's amax loop
+      check_quantize(dt, g, 1500, 352, 1e-3f, rng);   // again, smaller: nothing kept from the last call
     }
 }
 
