@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -66,7 +65,8 @@ inline Fp8Tensor quantize_fixture_tensor(const std::vector<float>& w, int64_t ro
   kernels::fp8_quantize_ref(t.q.data(), t.row_scales.data(), w.data(), rows, cols,
                             per_tensor ? kernels::Fp8Granularity::tensor : kernels::Fp8Granularity::row);
   if (layout == Fp8ScaleLayout::mixed && name.find("v_proj") != std::string::npos) {
-    // Scales stored in bf16: requantize against the bf16-rounded scales the checkpoint holds.
+    // Scales stored in bf16: requantize against the bf16-rounded scales the checkpoint holds
+    // (1 % larger first, so rounding down cannot push the row's max past 448).
     for (int64_t r = 0; r < rows; ++r) {
       const float s = core::bf16_bits_to_float(core::float_to_bf16_bits(t.row_scales[r] * 1.01f));
       for (int64_t c = 0; c < cols; ++c) t.q[r * cols + c] = core::float_to_f8e4m3_bits(w[r * cols + c] / s, true);
