@@ -574,9 +574,11 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   m.blas = std::make_unique<blas::Blas>();
   m.weights = core::DeviceBuffer<std::byte>(m.weight_bytes);
   m.upload_weights(src);
-  if (m.fp8()) core::log_info("fp8 linear layers (e4m3, per-channel weight scales, per-",
-                              options.fp8_activations == Fp8ActivationScale::token ? "token" : "tensor",
-                              " activation scales)");
+  if (m.fp8())
+    core::log_info("fp8 linear layers (e4m3, per-channel weight scales, per-",
+                   options.fp8_activations == Fp8ActivationScale::token ? "token" : "tensor", " activation scales)");
+  else if (c.num_layers > 0 && src.is_fp8(layer_weight(0, "self_attn.q_proj.weight")))
+    core::log_info("the checkpoint holds fp8 weights, dequantized to bf16 here; --weights fp8 keeps them in fp8");
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim, c.dtype);
   m.inv_freq = core::DeviceBuffer<float>(inv.size());
   GPULAB_CHECK(cudaMemcpy(m.inv_freq.get(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
