@@ -55,8 +55,9 @@ struct Plan {
   }
 };
 
+// The last field: 0 unscaled, 1 per-tensor fp8 scales, 2 outer-vector fp8 scales.
 using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, DType, DType, DType,
-                           core::MathMode, uint32_t, uint32_t, uint32_t, bool>;
+                           core::MathMode, uint32_t, uint32_t, uint32_t, int>;
 
 struct Blas::State {
   cublasLtHandle_t handle = nullptr;
@@ -91,8 +92,9 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
   // on the H200); say so up front.
   if (scaled && (alignment(scales.a) < 16 || alignment(scales.b) < 16))
     throw core::Error("matmul: fp8 scale pointers must be 16-byte aligned");
+  if (scales.outer_vector && !(scaled && fp8)) throw core::Error("matmul: outer-vector scales are for fp8 inputs");
   const PlanKey key{s.m, s.n, s.k, s.transpose_a, s.transpose_b, t.a, t.b, t.c, t.math,
-                    alignment(a), alignment(b), alignment(c), scaled};
+                    alignment(a), alignment(b), alignment(c), scaled ? 1 + scales.outer_vector : 0};
 
   auto& plan = state_->plans[key];
   if (!plan) {
@@ -123,6 +125,11 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
     if (scaled) {  // scaling changes which kernels apply: the heuristic must see it
       GPULAB_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.b, sizeof scales.b));
       GPULAB_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.a, sizeof scales.a));
+      if (scales.outer_vector) {  // cuBLASLt's A (our B) scales its M = n rows, its B (our A) its N = m columns
+        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        GPULAB_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+        GPULAB_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+      }
     }
     std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(1, state_->autotune));
     int found = 0;
@@ -134,7 +141,7 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
       throw core::Error("cuBLASLt has no algorithm for " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
                         std::to_string(s.k) + " " + std::string(core::dtype_name(t.a)) + "·" +
                         std::string(core::dtype_name(t.b)) + "->" + std::string(core::dtype_name(t.c)) +
-                        " (" + core::status_string(status) + ")");
+                        (scales.outer_vector ? " with outer-vector scales" : "") + " (" + core::status_string(status) + ")");
     }
     p->algo = results[0].algo;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

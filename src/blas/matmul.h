@@ -25,11 +25,15 @@ struct MatmulTypes {
   core::MathMode math = core::MathMode::strict_fp32;  // tf32 allowed only when set
 };
 
-// fp8 per-tensor scales (device pointers to one float each, each 16-byte aligned as cuBLASLt
-// requires): C = (scale_a·A)(scale_b·B).
+// fp8 scales (device pointers, each 16-byte aligned as cuBLASLt requires). Per tensor (one
+// float each): C = (scale_a·A)(scale_b·B). Outer vector (cuBLAS 12.9+ on Hopper): scale_a holds
+// m floats (one per row of A), scale_b n floats (one per row of B stored n×k, i.e. per output
+// column): C[i, j] = scale_a[i]·scale_b[j]·(A·Bᵀ)[i, j] (per-token activations times
+// per-output-channel weights).
 struct Fp8Scales {
   const float* a = nullptr;
   const float* b = nullptr;
+  bool outer_vector = false;
 };
 
 // Owns a cuBLASLt handle and workspace, and caches the chosen algorithm per problem.

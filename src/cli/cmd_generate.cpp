@@ -85,7 +85,8 @@ int run_generate(const GenerateOptions& opt) {
   }
   std::sort(ttft.begin(), ttft.end());
   if (opt.json_output) {
-    nlohmann::json out = {{"device", engine->device_name()}, {"prompt_tokens", prompt.size()},
+    const char* weights = spec.device == "cpu" ? "fp32" : spec.cuda.weights == llm::WeightFormat::fp8 ? "fp8" : "bf16";
+    nlohmann::json out = {{"device", engine->device_name()}, {"weights", weights}, {"prompt_tokens", prompt.size()},
                           {"requests", opt.batch}, {"generated_tokens", generated}, {"seconds", seconds},
                           {"tokens_per_second", generated / seconds}, {"ttft_ms_median", ttft[ttft.size() / 2]},
                           {"results", nlohmann::json::array()}};

@@ -1,6 +1,7 @@
 #include "cli/model_options.h"
 
 #include <climits>
+#include <map>
 #include <sstream>
 
 #include "core/error.h"
@@ -27,9 +28,26 @@ void add_model_options(CLI::App& sub, ModelOptions& opt) {
                  "With --device cuda: longest prompt + generation (0: the model's, up to 32768)")
       ->capture_default_str();
   sub.add_flag("!--no-cuda-graphs", opt.engine.cuda.cuda_graphs, "With --device cuda: launch decode steps kernel by kernel");
+  sub.add_option("--weights", opt.engine.cuda.weights,
+                 "With --device cuda: linear layers in bf16, or fp8 (e4m3, per-channel scales; quantized at load "
+                 "unless the checkpoint is fp8 already)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, llm::WeightFormat>{{"bf16", llm::WeightFormat::bf16}, {"fp8", llm::WeightFormat::fp8}})
+                     .description(""))
+      ->type_name("{bf16,fp8}")
+      ->default_str("bf16");
+  sub.add_option("--fp8-activation-scale", opt.engine.cuda.fp8_activations,
+                 "With --weights fp8: activation scales per token, or per tensor (one amax per step over the batch)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, llm::Fp8ActivationScale>{
+          {"token", llm::Fp8ActivationScale::token}, {"tensor", llm::Fp8ActivationScale::tensor}})
+                     .description(""))
+      ->type_name("{token,tensor}")
+      ->default_str("token");
 }
 
 llm::WeightSource load_weights(const ModelOptions& opt) {
+  if (opt.engine.device == "cpu" && opt.engine.cuda.weights != llm::WeightFormat::bf16)
+    throw core::InputError("--weights fp8 needs --device cuda (the CPU reference computes in float32)");
   if (opt.dummy_weights) {
     if (opt.config.empty()) throw core::InputError("--dummy-weights needs --config FILE|NAME");
     return llm::WeightSource::random(llm::config_from_arg(opt.config));

@@ -20,6 +20,7 @@
 #include "kernels/attention.h"
 #include "kernels/bias_add.h"
 #include "kernels/embedding.h"
+#include "kernels/fp8_quant.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/silu_mul.h"
@@ -65,8 +66,17 @@ struct Arena {
   }
 };
 
+// A linear layer y = x·Wᵀ, W [n, k] at offset `w` of the weights in `dtype` (bf16 or e4m3); fp8
+// weights have n float scales (one per output channel) at offset `scales`.
+struct Linear {
+  size_t w = 0, scales = 0;
+  DType dtype = kAct;
+  int64_t n = 0, k = 0;
+};
+
 struct Layer {
-  size_t attn_norm, qkv, qkv_bias, o, o_bias, mlp_norm, gate_up, down;  // offsets into the weights
+  size_t attn_norm, qkv_bias, o_bias, mlp_norm;  // offsets into the weights
+  Linear qkv, o, gate_up, down;
 };
 
 // An open sequence: its KV pages (reserved for its whole length) and how much is cached.
@@ -97,7 +107,8 @@ struct CudaEngine::Impl {
 
   // Weights: one allocation.
   core::DeviceBuffer<std::byte> weights;
-  size_t embed = 0, final_norm = 0, lm_head = 0;
+  size_t embed = 0, final_norm = 0;
+  Linear lm_head;  // bf16 always
   std::vector<Layer> layers;
   core::DeviceBuffer<float> inv_freq;
 
@@ -105,6 +116,11 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<float> x, x_last, logits;
   core::DeviceBuffer<bf16> xn, qkv, attn, gate_up, act;
   core::DeviceBuffer<std::byte> decode_ws;
+  // fp8 linear layers: the quantized activation, its scales (one per row), the row amaxes of
+  // per-tensor scaling, and the bf16 GEMM output of o_proj/down before it joins the residual.
+  core::DeviceBuffer<std::byte> act_q;
+  core::DeviceBuffer<float> act_scales, row_amax;
+  core::DeviceBuffer<bf16> linear_out;
   core::PinnedBuffer<float> logits_host;
 
   // Step metadata: one int32 block mirrored in pinned host memory, copied up once per step;
@@ -140,34 +156,62 @@ struct CudaEngine::Impl {
   int32_t* hmeta(size_t at) const { return meta_host.get() + at; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + opt.block_size - 1) / opt.block_size; }
 
-  void gemm(const bf16* a, const bf16* weight, void* c, DType c_type, int64_t m, int64_t n, int64_t k, float beta) {
-    blas->matmul({m, n, k, false, true}, {kAct, kAct, c_type}, a, weight, c, *stream, 1.f, beta);
+  bool fp8() const { return opt.weights == WeightFormat::fp8; }
+  DType linear_dtype() const { return fp8() ? DType::f8e4m3 : kAct; }
+
+  // y = x·Wᵀ for x [m, L.k] bf16, into y [m, L.n] of y_type (accumulate: y += x·Wᵀ, y float).
+  // fp8: x is quantized first (scales per token or per tensor), the GEMM scales each output by
+  // its row's and its channel's scale and writes bf16, added into y by a second kernel when
+  // accumulating (cuBLASLt's outer-vector fp8 scaling is used with bf16 output only).
+  void linear(const Linear& L, const bf16* x, void* y, DType y_type, int64_t m, bool accumulate) {
+    const blas::MatmulShape shape{m, L.n, L.k, false, true};
+    if (L.dtype == kAct) {
+      blas->matmul(shape, {kAct, kAct, y_type}, x, weights.get() + L.w, y, *stream, 1.f, accumulate ? 1.f : 0.f);
+      return;
+    }
+    if (accumulate ? y_type != DType::f32 : y_type != kAct)
+      throw core::Error("CudaEngine: an fp8 linear layer writes bf16 or accumulates into float");
+    const auto granularity = opt.fp8_activations == Fp8ActivationScale::tensor ? kernels::Fp8Granularity::tensor
+                                                                               : kernels::Fp8Granularity::row;
+    kernels::fp8_quantize(act_q.get(), act_scales.get(), x, kAct, m, L.k, granularity, row_amax.get(), *stream);
+    const blas::Fp8Scales scales{act_scales.get(), reinterpret_cast<const float*>(weights.get() + L.scales), true};
+    void* out = accumulate ? static_cast<void*>(linear_out.get()) : y;
+    blas->matmul(shape, {DType::f8e4m3, DType::f8e4m3, kAct}, act_q.get(), weights.get() + L.w, out, *stream, 1.f,
+                 0.f, scales);
+    if (accumulate) kernels::accumulate(static_cast<float*>(y), out, kAct, m * L.n, *stream);
+  }
+
+  static Linear plan_linear(Arena& arena, int64_t n, int64_t k, DType dtype) {
+    Linear L{arena.take(n * k * core::dtype_size(dtype)), 0, dtype, n, k};
+    if (dtype == DType::f8e4m3) L.scales = arena.take(n * 4);
+    return L;
   }
 
   void plan_weights(Arena& arena) {
     const LlamaConfig& c = cfg;
     const int64_t h = c.hidden_size;
+    const DType lin = linear_dtype();
     embed = arena.take(c.vocab_size * h * 2);
     final_norm = arena.take(h * 2);
-    lm_head = c.tie_word_embeddings ? embed : arena.take(c.vocab_size * h * 2);
+    // lm_head stays bf16: its error lands straight in the logits (and so in top-1), it is ~1.5 %
+    // of a 70B model's weights, and tied models share it with the embedding table.
+    lm_head = c.tie_word_embeddings ? Linear{embed, 0, kAct, c.vocab_size, h} : plan_linear(arena, c.vocab_size, h, kAct);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       Layer L{};
       L.attn_norm = arena.take(h * 2);
-      L.qkv = arena.take(qkv_width * h * 2);
+      L.qkv = plan_linear(arena, qkv_width, h, lin);
       if (c.qkv_bias) L.qkv_bias = arena.take(qkv_width * 2);
-      L.o = arena.take(h * qd * 2);
+      L.o = plan_linear(arena, h, qd, lin);
       if (c.o_bias) L.o_bias = arena.take(h * 4);  // float: added to the float residual
       L.mlp_norm = arena.take(h * 2);
-      L.gate_up = arena.take(2 * c.intermediate_size * h * 2);
-      L.down = arena.take(h * c.intermediate_size * 2);
+      L.gate_up = plan_linear(arena, 2 * c.intermediate_size, h, lin);
+      L.down = plan_linear(arena, h, c.intermediate_size, lin);
       layers.push_back(L);
     }
   }
 
-  // Uploads HF tensor `name` to `offset`, as bf16 (or float for `as_float`). Fused tensors
-  // are stacked by row, so each part lands at its row offset.
-  void upload(const WeightSource& src, const std::string& name, size_t offset, bool as_float = false) {
-    void* dst = weights.get() + offset;
+  // Uploads HF tensor `name` to `dst`, as bf16 (or float for `as_float`).
+  void upload(const WeightSource& src, const std::string& name, void* dst, bool as_float = false) {
     const int64_t n = numel(src.spec(name).shape);
     if (as_float) {
       const std::vector<float> v = src.load_f32(name);
@@ -182,32 +226,60 @@ struct CudaEngine::Impl {
     }
   }
 
+  // Uploads the HF tensors `parts` (stacked by row: fused q/k/v, gate/up) into L. fp8 parts of
+  // an fp8 checkpoint go as stored with their scales; others are staged in bf16 on the device
+  // (random weights are made there) and quantized per row there, so no host copy of a whole
+  // model is made in any format.
+  void upload_linear(const WeightSource& src, const Linear& L, const std::vector<std::string>& parts,
+                     core::DeviceBuffer<bf16>& staging) {
+    int64_t row = 0;
+    for (const std::string& name : parts) {
+      const int64_t rows = src.spec(name).shape.at(0);
+      std::byte* dst = weights.get() + L.w + row * L.k * core::dtype_size(L.dtype);
+      float* scales = reinterpret_cast<float*>(weights.get() + L.scales) + row;
+      if (L.dtype == kAct) {
+        upload(src, name, dst);
+      } else if (src.is_fp8(name)) {
+        const auto bytes = src.fp8_bytes(name);
+        const std::vector<float> s = src.fp8_row_scales(name);
+        GPULAB_CHECK(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+        GPULAB_CHECK(cudaMemcpy(scales, s.data(), s.size() * 4, cudaMemcpyHostToDevice));
+      } else {
+        if (staging.size() < static_cast<size_t>(rows * L.k)) staging = core::DeviceBuffer<bf16>(rows * L.k);
+        upload(src, name, staging.get());
+        kernels::fp8_quantize(dst, scales, staging.get(), kAct, rows, L.k, kernels::Fp8Granularity::row, nullptr,
+                              *stream);
+        stream->synchronize();  // before the next part overwrites the staging buffer
+      }
+      row += rows;
+    }
+  }
+
   void upload_weights(const WeightSource& src) {
     const LlamaConfig& c = cfg;
-    const int64_t h = c.hidden_size;
-    upload(src, "model.embed_tokens.weight", embed);
-    upload(src, "model.norm.weight", final_norm);
-    if (!c.tie_word_embeddings) upload(src, "lm_head.weight", lm_head);
+    core::DeviceBuffer<bf16> staging;  // fp8 quantization at load; freed before the KV cache is sized
+    upload(src, "model.embed_tokens.weight", weights.get() + embed);
+    upload(src, "model.norm.weight", weights.get() + final_norm);
+    if (!c.tie_word_embeddings) upload_linear(src, lm_head, {"lm_head.weight"}, staging);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Layer& L = layers[l];
+      auto name = [&](const std::string& suffix) { return layer_weight(l, suffix); };
       auto up = [&](const std::string& suffix, size_t offset, bool as_float = false) {
-        upload(src, layer_weight(l, suffix), offset, as_float);
+        upload(src, name(suffix), weights.get() + offset, as_float);
       };
       up("input_layernorm.weight", L.attn_norm);
-      up("self_attn.q_proj.weight", L.qkv);
-      up("self_attn.k_proj.weight", L.qkv + qd * h * 2);
-      up("self_attn.v_proj.weight", L.qkv + (qd + kvd) * h * 2);
+      upload_linear(src, L.qkv, {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
+                                 name("self_attn.v_proj.weight")}, staging);
       if (c.qkv_bias) {
         up("self_attn.q_proj.bias", L.qkv_bias);
         up("self_attn.k_proj.bias", L.qkv_bias + qd * 2);
         up("self_attn.v_proj.bias", L.qkv_bias + (qd + kvd) * 2);
       }
-      up("self_attn.o_proj.weight", L.o);
+      upload_linear(src, L.o, {name("self_attn.o_proj.weight")}, staging);
       if (c.o_bias) up("self_attn.o_proj.bias", L.o_bias, true);
       up("post_attention_layernorm.weight", L.mlp_norm);
-      up("mlp.gate_proj.weight", L.gate_up);
-      up("mlp.up_proj.weight", L.gate_up + c.intermediate_size * h * 2);
-      up("mlp.down_proj.weight", L.down);
+      upload_linear(src, L.gate_up, {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, staging);
+      upload_linear(src, L.down, {name("mlp.down_proj.weight")}, staging);
     }
     stream->synchronize();
   }
@@ -235,7 +307,17 @@ struct CudaEngine::Impl {
     n += align_up(max_tokens * h * 2) + align_up(max_tokens * qkv_width * 2) + align_up(max_tokens * qd * 2);
     n += align_up(max_tokens * 2 * c.intermediate_size * 2) + align_up(max_tokens * c.intermediate_size * 2);
     n += align_up(kernels::attention_decode_workspace(B, max_seq_len, shape));
+    if (fp8())
+      n += align_up(max_tokens * fp8_act_width()) + 2 * align_up(max_tokens * 4) + align_up(max_tokens * h * 2);
     return n + meta_arena.bytes;
+  }
+
+  // The widest input of an fp8 linear layer.
+  int64_t fp8_act_width() const { return std::max({cfg.hidden_size, qd, cfg.intermediate_size}); }
+
+  // The bf16 staging buffer of fp8 quantization at load: the largest single HF tensor.
+  size_t staging_bytes() const {
+    return fp8() ? std::max(qd, cfg.intermediate_size) * cfg.hidden_size * 2 : 0;
   }
 
   void allocate_buffers() {
@@ -251,6 +333,12 @@ struct CudaEngine::Impl {
     gate_up = core::DeviceBuffer<bf16>(max_tokens * 2 * c.intermediate_size);
     act = core::DeviceBuffer<bf16>(max_tokens * c.intermediate_size);
     decode_ws = core::DeviceBuffer<std::byte>(kernels::attention_decode_workspace(B, max_seq_len, shape));
+    if (fp8()) {
+      act_q = core::DeviceBuffer<std::byte>(max_tokens * fp8_act_width());
+      act_scales = core::DeviceBuffer<float>(max_tokens);
+      row_amax = core::DeviceBuffer<float>(max_tokens);
+      linear_out = core::DeviceBuffer<bf16>(max_tokens * h);
+    }
     Arena m;
     meta_at = plan_meta(m);
     meta = core::DeviceBuffer<int32_t>(m.bytes / 4);
@@ -294,7 +382,7 @@ struct CudaEngine::Impl {
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Layer& L = layers[l];
       kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.attn_norm), n, h, eps, *stream);
-      gemm(xn.get(), w(L.qkv), qkv.get(), kAct, n, qkv_width, h, 0.f);
+      linear(L.qkv, xn.get(), qkv.get(), kAct, n, false);
       if (c.qkv_bias) kernels::bias_add(qkv.get(), w(L.qkv_bias), n, qkv_width, kAct, *stream);
       bf16* q = qkv.get();
       bf16* k = q + qd;
@@ -315,12 +403,12 @@ struct CudaEngine::Impl {
                                    dmeta(meta_at.cu_q), dmeta(meta_at.seq_lens) + decodes, prefills, max_chunk, shape,
                                    kAct, *stream);
       }
-      gemm(attn.get(), w(L.o), x.get(), DType::f32, n, h, qd, 1.f);  // x += attn · Woᵀ
+      linear(L.o, attn.get(), x.get(), DType::f32, n, true);  // x += attn · Woᵀ
       if (c.o_bias) kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
       kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
-      gemm(xn.get(), w(L.gate_up), gate_up.get(), kAct, n, 2 * inter, h, 0.f);
+      linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, false);
       kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
-      gemm(act.get(), w(L.down), x.get(), DType::f32, n, h, inter, 1.f);  // x += mlp
+      linear(L.down, act.get(), x.get(), DType::f32, n, true);  // x += mlp
     }
   }
 
@@ -330,7 +418,7 @@ struct CudaEngine::Impl {
     kernels::embedding(x_last.get(), DType::f32, x.get(), DType::f32, dmeta(meta_at.last_rows), rows, h, *stream);
     kernels::rmsnorm(xn.get(), kAct, x_last.get(), DType::f32, w(final_norm), rows, h,
                      static_cast<float>(cfg.rms_norm_eps), *stream);
-    gemm(xn.get(), w(lm_head), logits.get(), DType::f32, rows, cfg.vocab_size, h, 0.f);
+    linear(lm_head, xn.get(), logits.get(), DType::f32, rows, false);
   }
 
   void upload_meta(int64_t table_rows) {
@@ -468,6 +556,18 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   m.kvd = c.kv_dim();
   m.qkv_width = m.qd + 2 * m.kvd;
   m.shape = {c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  if (m.fp8()) {
+    int device = 0, major = 0, minor = 0;
+    GPULAB_CHECK(cudaGetDevice(&device));
+    GPULAB_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    GPULAB_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major * 10 + minor < 89)
+      throw core::InputError("--weights fp8 needs fp8 tensor cores (compute capability 8.9 or newer); this GPU has " +
+                             std::to_string(major) + "." + std::to_string(minor));
+    // cuBLASLt fp8: rows of 16-byte multiples in, bf16 rows of 16-byte multiples out.
+    if (c.hidden_size % 16 || m.qd % 16 || m.kvd % 16 || c.intermediate_size % 16)
+      throw core::InputError("--weights fp8 needs hidden, attention and intermediate sizes that are multiples of 16");
+  }
 
   Arena arena;
   m.plan_weights(arena);
@@ -477,7 +577,7 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   GPULAB_CHECK(cudaMemGetInfo(&free_bytes, &total));
   const double allowed = options.gpu_memory_fraction * static_cast<double>(total) -
                          static_cast<double>(total - free_bytes) - static_cast<double>(kSafetyMargin);
-  if (static_cast<double>(m.weight_bytes + m.buffer_bytes) > allowed)
+  if (static_cast<double>(m.weight_bytes + m.buffer_bytes + m.staging_bytes()) > allowed)
     throw core::InputError("the model does not fit: weights need " + gib(m.weight_bytes) + " and buffers " +
                            gib(m.buffer_bytes) + ", but --gpu-memory-fraction " +
                            std::to_string(options.gpu_memory_fraction) + " leaves " +
@@ -488,6 +588,11 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   m.blas = std::make_unique<blas::Blas>();
   m.weights = core::DeviceBuffer<std::byte>(m.weight_bytes);
   m.upload_weights(src);
+  if (m.fp8())
+    core::log_info("fp8 linear layers (e4m3, per-channel weight scales, per-",
+                   options.fp8_activations == Fp8ActivationScale::token ? "token" : "tensor", " activation scales)");
+  else if (c.num_layers > 0 && src.is_fp8(layer_weight(0, "self_attn.q_proj.weight")))
+    core::log_info("the checkpoint holds fp8 weights, dequantized to bf16 here; --weights fp8 keeps them in fp8");
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim, c.dtype);
   m.inv_freq = core::DeviceBuffer<float>(inv.size());
   GPULAB_CHECK(cudaMemcpy(m.inv_freq.get(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));

@@ -1,5 +1,5 @@
-// The CUDA inference engine for LLaMA-family models: bf16 weights uploaded once (q/k/v and
-// gate/up fused at load), float32 residual stream and accumulation, cuBLASLt GEMMs, a paged KV
+// The CUDA inference engine for LLaMA-family models: bf16 or fp8 weights uploaded once (q/k/v
+// and gate/up fused at load), float32 residual stream and accumulation, cuBLASLt GEMMs, a paged KV
 // cache sized from free memory, steps of prefill chunks and decode tokens (driven by the
 // Scheduler through the Engine interface; decode tokens run together in one CUDA-graph pass of
 // max_batch rows, each chunk in passes of its own, so a sequence's tokens do not depend on what
@@ -16,6 +16,14 @@
 
 namespace gpulab::llm {
 
+// Storage of the linear layers' weights (q/k/v/o, gate/up, down; embeddings, norms and lm_head
+// stay bf16). fp8: e4m3 with one scale per output channel, quantized at load (or as stored by
+// an fp8 checkpoint); activations are quantized every step with dynamic scales.
+enum class WeightFormat { bf16, fp8 };
+// fp8 activation scales: one per token (a sequence's results do not depend on its batch), or
+// one per tensor (the amax over every row of the step, padding rows included).
+enum class Fp8ActivationScale { token, tensor };
+
 struct EngineOptions {
   double gpu_memory_fraction = 0.9;  // of the GPU's total memory, for weights + buffers + KV cache
   int64_t max_batch = 64;            // sequences in one step
@@ -24,6 +32,8 @@ struct EngineOptions {
   int64_t max_kv_tokens = 0;         // cap on the KV pool; 0: as much as memory allows
   int64_t block_size = 16;           // tokens per KV page
   bool cuda_graphs = true;           // replay pure decode steps from CUDA graphs
+  WeightFormat weights = WeightFormat::bf16;
+  Fp8ActivationScale fp8_activations = Fp8ActivationScale::token;
 };
 
 class CudaEngine final : public Engine {

@@ -26,6 +26,31 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+bool is_float16_or_32(core::DType dt) {
+  return dt == core::DType::f32 || dt == core::DType::f16 || dt == core::DType::bf16;
+}
+
+// An fp8 tensor needs its `<name>_scale`: one float value, or one per row.
+void check_fp8_scale(const core::Checkpoint& ckpt, const fs::path& dir, const WeightSpec& s) {
+  const std::string scale_name = s.name + "_scale";
+  const core::Checkpoint::Entry* e = ckpt.find(scale_name);
+  if (!e) {
+    const bool blocks = ckpt.find(s.name + "_scale_inv") != nullptr;
+    throw core::InputError(dir.string() + ": fp8 tensor '" + s.name + "' has no '" + scale_name + "'" +
+                           (blocks ? " (block-scaled fp8 with weight_scale_inv is not supported: only per-tensor "
+                                     "and per-channel scales)"
+                                   : ""));
+  }
+  const int64_t n = numel(e->info->shape), rows = s.shape.empty() ? 1 : s.shape[0];
+  const bool per_row_shape = e->info->shape == std::vector<int64_t>{rows} ||
+                             e->info->shape == std::vector<int64_t>{rows, 1};
+  if (!is_float16_or_32(e->info->dtype) || !(n == 1 || per_row_shape))
+    throw core::InputError(dir.string() + ": '" + scale_name + "' has dtype " +
+                           std::string(core::dtype_name(e->info->dtype)) + " and shape " + shape_text(e->info->shape) +
+                           " (want a float scale of shape [] or [1] per tensor, or [" + std::to_string(rows) + "] or [" +
+                           std::to_string(rows) + ", 1] per output channel)");
+}
+
 }  // namespace
 
 RandomFill random_fill(const std::string& name, uint64_t seed) {
@@ -49,9 +74,13 @@ WeightSource WeightSource::from_checkpoint(const fs::path& dir) {
       throw core::InputError(dir.string() + ": tensor '" + s.name + "' has shape " + shape_text(e->info->shape) +
                              " but config.json implies " + shape_text(s.shape));
     const core::DType dt = e->info->dtype;
-    if (dt != core::DType::f32 && dt != core::DType::f16 && dt != core::DType::bf16)
+    if (dt == core::DType::f8e4m3) {
+      check_fp8_scale(*w.checkpoint_, dir, s);
+      continue;
+    }
+    if (!is_float16_or_32(dt))
       throw core::InputError(dir.string() + ": tensor '" + s.name + "' has dtype " +
-                             std::string(core::dtype_name(dt)) + " (supported: fp32, fp16, bf16)");
+                             std::string(core::dtype_name(dt)) + " (supported: fp32, fp16, bf16, fp8e4m3 with a scale)");
   }
   return w;
 }
@@ -82,6 +111,32 @@ std::vector<float> WeightSource::load_f32(const std::string& name) const {
   const auto bytes = checkpoint_->data(e);
   const core::DType dt = e.info->dtype;
   for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(core::load_as_double(bytes.data(), dt, i));
+  if (dt == core::DType::f8e4m3) {
+    const std::vector<float> scales = fp8_row_scales(name);
+    const size_t cols = out.size() / scales.size();
+    for (size_t i = 0; i < out.size(); ++i) out[i] *= scales[i / cols];
+  }
+  return out;
+}
+
+bool WeightSource::is_fp8(const std::string& name) const {
+  return checkpoint_ && checkpoint_->at(name).info->dtype == core::DType::f8e4m3;
+}
+
+std::span<const uint8_t> WeightSource::fp8_bytes(const std::string& name) const {
+  if (!is_fp8(name)) throw core::Error("weight '" + name + "' is not stored in fp8");
+  return checkpoint_->data(checkpoint_->at(name));
+}
+
+std::vector<float> WeightSource::fp8_row_scales(const std::string& name) const {
+  if (!is_fp8(name)) throw core::Error("weight '" + name + "' is not stored in fp8");
+  const int64_t rows = spec(name).shape.empty() ? 1 : spec(name).shape[0];
+  const core::Checkpoint::Entry& e = checkpoint_->at(name + "_scale");
+  const auto bytes = checkpoint_->data(e);
+  std::vector<float> out(rows);
+  const bool per_tensor = numel(e.info->shape) == 1;
+  for (int64_t r = 0; r < rows; ++r)
+    out[r] = static_cast<float>(core::load_as_double(bytes.data(), e.info->dtype, per_tensor ? 0 : r));
   return out;
 }
 

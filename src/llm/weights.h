@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,16 @@ class WeightSource {
   const WeightSpec& spec(const std::string& name) const;
 
   // The named tensor converted to float32, or to bf16 bits; numel = product of its shape.
+  // fp8 tensors come back dequantized (scale · value).
   std::vector<float> load_f32(const std::string& name) const;
   std::vector<uint16_t> load_bf16(const std::string& name) const;
+
+  // fp8 checkpoints (compressed-tensors / FBGEMM style): a tensor stored as F8_E4M3 comes with
+  // `<name>_scale` (fp32/bf16/fp16) holding one value (per tensor: shape [] or [1]) or one per
+  // row (per output channel: [rows] or [rows, 1]); the real value is scale · e4m3.
+  bool is_fp8(const std::string& name) const;
+  std::span<const uint8_t> fp8_bytes(const std::string& name) const;  // the stored e4m3 bytes
+  std::vector<float> fp8_row_scales(const std::string& name) const;   // one per row (a tensor scale repeated)
 
  private:
   LlamaConfig config_;

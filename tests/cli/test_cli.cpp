@@ -168,6 +168,10 @@ TEST(Cli, LogitsBadInputsExit2) {
   const CliRun d = run("logits --dummy-weights --config llama9 --ids 1");
   EXPECT_EQ(d.exit_code, 2);
   EXPECT_NE(d.out.find("llama2-7b"), std::string::npos) << d.out;
+  const CliRun f = run("logits --model " + kData + "/llama_tiny --ids 1 --device cpu --weights fp8");
+  EXPECT_EQ(f.exit_code, 2);
+  EXPECT_NE(f.out.find("--device cuda"), std::string::npos) << f.out;
+  EXPECT_EQ(run("generate --model " + kData + "/llama_tiny --ids 1 --weights fp4").exit_code, 2);
 }
 
 TEST(Cli, TokenizeEncodesAndDecodesLikeHuggingFace) {

@@ -1,0 +1,145 @@
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "core/dtype_dispatch.h"
+#include "core/error.h"
+#include "kernels/fp8_quant.h"
+
+namespace gpulab::kernels {
+
+namespace {
+
+// Wide blocks: a decode step quantizes only a few rows (one block each), so each row gets many
+// threads; rows move in 16-byte packs when their length allows.
+constexpr int kThreads = 1024;
+
+// The max of v over the block, returned to every thread.
+__device__ float block_max(float v) {
+  __shared__ float warp_max[kThreads / 32];
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = warp_max[0];
+  for (int w = 1; w < kThreads / 32; ++w) v = fmaxf(v, warp_max[w]);
+  __syncthreads();  // warp_max may be reused by a following call
+  return v;
+}
+
+// 16 bytes of T, and the e4m3 bytes they quantize to.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+template <int N>
+struct alignas(N) Fp8Pack {
+  __nv_fp8_storage_t v[N];
+};
+
+// Calls f(first column, pack) over a row in 16-byte packs, or f(column, pack, 1) with one element when the
+// row cannot be read in packs. All rows of one call take the same path (cols decides).
+template <class T, class F>
+__device__ void for_each_in_row(const T* row, int64_t cols, bool packed, F&& f) {
+  using P = Pack<T>;
+  if (packed) {
+    for (int64_t c = threadIdx.x * int64_t{P::kSize}; c < cols; c += int64_t{kThreads} * P::kSize)
+      f(c, *reinterpret_cast<const P*>(row + c));
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+      P p;
+      p.v[0] = row[c];
+      f(c, p, 1);
+    }
+  }
+}
+
+template <class T>
+__device__ float row_abs_max(const T* row, int64_t cols, bool packed) {
+  float m = 0.0f;
+  auto take = [&](int64_t, const Pack<T>& p, int n = Pack<T>::kSize) {
+    for (int j = 0; j < n; ++j) m = fmaxf(m, fabsf(static_cast<float>(p.v[j])));
+  };
+  for_each_in_row(row, cols, packed, take);
+  return block_max(m);
+}
+
+// One block per row.
+template <class T>
+__global__ void row_amax_kernel(float* row_amax, const T* in, int64_t cols, bool packed) {
+  const float m = row_abs_max(in + blockIdx.x * cols, cols, packed);
+  if (threadIdx.x == 0) row_amax[blockIdx.x] = m;
+}
+
+// One block per row: the amax is the row's own, or (row_amax given) the max over all rows.
+template <class T>
+__global__ void quantize_kernel(__nv_fp8_storage_t* out, float* scales, const T* in, int64_t rows, int64_t cols,
+                                const float* row_amax, bool packed) {
+  const int64_t r = blockIdx.x;
+  const T* row = in + r * cols;
+  float m = 0.0f;
+  if (row_amax) {
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) m = fmaxf(m, row_amax[i]);
+    m = block_max(m);
+  } else {
+    m = row_abs_max(row, cols, packed);
+  }
+  const float s = fp8_scale_for_amax(m);
+  __nv_fp8_storage_t* q = out + r * cols;
+  using Out = Fp8Pack<Pack<T>::kSize>;
+  auto put = [&](int64_t c, const Pack<T>& p, int n = Pack<T>::kSize) {
+    Out o;
+    for (int j = 0; j < n; ++j) o.v[j] = __nv_cvt_float_to_fp8(static_cast<float>(p.v[j]) / s, __NV_SATFINITE, __NV_E4M3);
+    if (n == Pack<T>::kSize)
+      *reinterpret_cast<Out*>(q + c) = o;
+    else
+      q[c] = o.v[0];
+  };
+  for_each_in_row(row, cols, packed, put);
+  if (threadIdx.x == 0) scales[r] = s;
+}
+
+// Rows go in packs when every row starts on 16 bytes in and on the pack's size out.
+template <class T>
+bool packable(const void* in, const void* out, int64_t cols) {
+  return cols % Pack<T>::kSize == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(out) % Pack<T>::kSize == 0;
+}
+
+template <class T>
+__global__ void accumulate_kernel(float* x, const T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] += static_cast<float>(y[i]);
+}
+
+}  // namespace
+
+void fp8_quantize(void* out, float* scales, const void* in, core::DType in_dtype, int64_t rows, int64_t cols,
+                  Fp8Granularity granularity, float* row_amax, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const bool tensor = granularity == Fp8Granularity::tensor;
+  if (tensor && !row_amax) throw core::Error("fp8_quantize: tensor granularity needs a row_amax workspace");
+  core::dispatch_activation(in_dtype, [&]<class T>() {
+    const T* x = static_cast<const T*>(in);
+    const bool packed = packable<T>(in, out, cols);
+    if (tensor) {
+      row_amax_kernel<T><<<rows, kThreads, 0, stream>>>(row_amax, x, cols, packed);
+      GPULAB_CHECK_LAUNCH();
+    }
+    quantize_kernel<T><<<rows, kThreads, 0, stream>>>(static_cast<__nv_fp8_storage_t*>(out), scales, x, rows, cols,
+                                                      tensor ? row_amax : nullptr, packed);
+    GPULAB_CHECK_LAUNCH();
+  });
+}
+
+void accumulate(float* x, const void* y, core::DType y_dtype, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
+  core::dispatch_activation(y_dtype, [&]<class T>() {
+    accumulate_kernel<T><<<blocks, 256, 0, stream>>>(x, static_cast<const T*>(y), n);
+    GPULAB_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace gpulab::kernels

@@ -1,0 +1,44 @@
+// fp8 e4m3 quantization with dynamic scales, for the fp8 linear layers of the LLaMA engine
+// (weights at load, activations every step, inside CUDA graphs: no host synchronization).
+//   s = max(amax, kFp8MinAmax) / 448,   q = e4m3_satfinite(x / s),   x ≈ s · q
+// Per row (one scale per output channel of a weight [n, k], or per token of an activation) or
+// per tensor (one amax over all rows; the scale is written once per row, so the GEMM takes the
+// same outer-vector scale layout in both modes).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace gpulab::kernels {
+
+constexpr float kFp8E4m3Max = 448.0f;
+// Keeps s away from zero (an all-zero row quantizes to zeros with a harmless scale).
+constexpr float kFp8MinAmax = 1e-12f;
+
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline float fp8_scale_for_amax(float amax) {
+  return (amax > kFp8MinAmax ? amax : kFp8MinAmax) / kFp8E4m3Max;
+}
+
+enum class Fp8Granularity { row, tensor };
+
+// out: rows·cols e4m3 bytes; scales: rows floats; in: rows·cols of `in_dtype` (fp32/fp16/bf16).
+// `row_amax` (rows floats of workspace) is needed for tensor granularity only.
+void fp8_quantize(void* out, float* scales, const void* in, core::DType in_dtype, int64_t rows, int64_t cols,
+                  Fp8Granularity granularity, float* row_amax, cudaStream_t stream);
+
+// x[i] += y[i] for a float32 x and y of `y_dtype` (fp32/fp16/bf16): the residual add after an fp8
+// linear layer, whose GEMM writes bf16.
+void accumulate(float* x, const void* y, core::DType y_dtype, int64_t n, cudaStream_t stream);
+
+// CPU references: bit-identical results (division and the conversion both round to nearest even).
+void fp8_quantize_ref(uint8_t* out, float* scales, const float* in, int64_t rows, int64_t cols,
+                      Fp8Granularity granularity);
+void accumulate_ref(float* x, const float* y, int64_t n);
+
+}  // namespace gpulab::kernels
