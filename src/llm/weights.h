@@ -14,6 +14,14 @@
 
 namespace gpulab::llm {
 
+// A range of a tensor along one dimension: rows (dim 0) or columns (dim 1) of a 2-D tensor, or
+// elements of a 1-D one (dim 0). count < 0: from begin to the end. The default is the whole.
+struct TensorSlice {
+  int dim = 0;
+  int64_t begin = 0;
+  int64_t count = -1;
+};
+
 class WeightSource {
  public:
   // Reads `dir`/config.json (+ generation_config.json) and the safetensors in `dir`; throws
@@ -27,9 +35,12 @@ class WeightSource {
   uint64_t seed() const { return seed_; }
   const WeightSpec& spec(const std::string& name) const;
 
-  // The named tensor converted to float32, or to bf16 bits; numel = product of its shape.
-  std::vector<float> load_f32(const std::string& name) const;
-  std::vector<uint16_t> load_bf16(const std::string& name) const;
+  // The shape of `slice` of the named tensor; throws core::Error when it lies outside.
+  std::vector<int64_t> slice_shape(const std::string& name, const TensorSlice& slice = {}) const;
+  // `slice` of the named tensor (row-major, numel = product of slice_shape) converted to
+  // float32, or to bf16 bits. Read straight from the mapped file: only the slice is copied.
+  std::vector<float> load_f32(const std::string& name, const TensorSlice& slice = {}) const;
+  std::vector<uint16_t> load_bf16(const std::string& name, const TensorSlice& slice = {}) const;
 
  private:
   LlamaConfig config_;

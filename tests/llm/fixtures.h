@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/safetensors.h"
 
 namespace gpulab::llm::testing {
@@ -48,6 +49,29 @@ inline std::vector<FixtureCase> load_fixture_cases(const std::string& name) {
     cases.push_back(std::move(fc));
   }
   return cases;
+}
+
+// Writes llama_tiny's weights to `path` with every tensor converted to `dt` (fp32 or fp16).
+inline void write_converted_weights(const std::filesystem::path& path, core::DType dt) {
+  const core::SafetensorsFile orig(fixture_dir("llama_tiny") / "model.safetensors");
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<core::TensorToWrite> out;
+  for (const auto& t : orig.tensors()) {
+    const auto src = orig.data(t);
+    std::vector<uint8_t> bytes(t.numel() * core::dtype_size(dt));
+    for (uint64_t i = 0; i < t.numel(); ++i) {
+      const float v = static_cast<float>(core::load_as_double(src.data(), t.dtype, i));
+      if (dt == core::DType::f32) {
+        std::memcpy(bytes.data() + 4 * i, &v, 4);
+      } else {
+        const uint16_t h = core::float_to_f16_bits(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    }
+    storage.push_back(std::move(bytes));
+    out.push_back({t.name, dt, t.shape, storage.back()});
+  }
+  core::write_safetensors(path, out);
 }
 
 }  // namespace gpulab::llm::testing
