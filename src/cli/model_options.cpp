@@ -27,6 +27,10 @@ void add_model_options(CLI::App& sub, ModelOptions& opt) {
                  "With --device cuda: longest prompt + generation (0: the model's, up to 32768)")
       ->capture_default_str();
   sub.add_flag("!--no-cuda-graphs", opt.engine.cuda.cuda_graphs, "With --device cuda: launch decode steps kernel by kernel");
+  sub.add_option("--tp", opt.engine.tp,
+                 "With --device cuda: tensor parallel over GPUs 0..N-1 (heads, MLP and vocabulary split, NCCL)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
 }
 
 llm::WeightSource load_weights(const ModelOptions& opt) {

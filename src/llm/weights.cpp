@@ -70,22 +70,8 @@ const WeightSpec& WeightSource::spec(const std::string& name) const {
   throw core::Error("no weight named '" + name + "' in this model");
 }
 
-namespace {
-
-// A slice as runs of consecutive elements of the whole tensor: run i starts at element
-// first + i · stride and fills the output from i · length. A row range is one run, a column
-// range one run per row.
-struct SliceRuns {
-  std::vector<int64_t> shape;  // of the slice
-  int64_t runs = 1, length = 0, first = 0, stride = 0;
-
-  template <class F>
-  void for_each(F&& fn) const {
-    for (int64_t i = 0; i < runs; ++i) fn(first + i * stride, i * length, length);
-  }
-};
-
-SliceRuns slice_runs(const std::string& name, const std::vector<int64_t>& shape, const TensorSlice& s) {
+SliceRuns WeightSource::slice_runs(const std::string& name, const TensorSlice& s) const {
+  const std::vector<int64_t>& shape = spec(name).shape;
   const bool dim_ok = (s.dim == 0 || s.dim == 1) && s.dim < static_cast<int>(shape.size());
   const int64_t extent = dim_ok ? shape[s.dim] : -1;
   const int64_t count = s.count < 0 ? extent - s.begin : s.count;
@@ -108,15 +94,9 @@ SliceRuns slice_runs(const std::string& name, const std::vector<int64_t>& shape,
   return r;
 }
 
-}  // namespace
-
-std::vector<int64_t> WeightSource::slice_shape(const std::string& name, const TensorSlice& slice) const {
-  return slice_runs(name, spec(name).shape, slice).shape;
-}
-
 std::vector<float> WeightSource::load_f32(const std::string& name, const TensorSlice& slice) const {
-  const SliceRuns r = slice_runs(name, spec(name).shape, slice);
-  std::vector<float> out(r.runs * r.length);
+  const SliceRuns r = slice_runs(name, slice);
+  std::vector<float> out(r.numel());
   if (!checkpoint_) {
     const RandomFill fill = random_fill(name, seed_);
     r.for_each([&](int64_t src, int64_t dst, int64_t n) {
@@ -135,9 +115,9 @@ std::vector<float> WeightSource::load_f32(const std::string& name, const TensorS
 
 std::vector<uint16_t> WeightSource::load_bf16(const std::string& name, const TensorSlice& slice) const {
   if (checkpoint_ && checkpoint_->at(name).info->dtype == core::DType::bf16) {
-    const SliceRuns r = slice_runs(name, spec(name).shape, slice);
+    const SliceRuns r = slice_runs(name, slice);
     const uint8_t* bytes = checkpoint_->data(checkpoint_->at(name)).data();
-    std::vector<uint16_t> out(r.runs * r.length);
+    std::vector<uint16_t> out(r.numel());
     r.for_each([&](int64_t src, int64_t dst, int64_t n) { std::memcpy(out.data() + dst, bytes + 2 * src, 2 * n); });
     return out;
   }

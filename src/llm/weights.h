@@ -22,6 +22,20 @@ struct TensorSlice {
   int64_t count = -1;
 };
 
+// Where a slice lies in its whole (row-major) tensor: run i is `length` consecutive elements
+// from element first + i · stride, and fills the slice from element i · length. A row range is
+// one run, a column range one run per row.
+struct SliceRuns {
+  std::vector<int64_t> shape;  // of the slice
+  int64_t runs = 1, length = 0, first = 0, stride = 0;
+
+  int64_t numel() const { return runs * length; }
+  template <class F>
+  void for_each(F&& fn) const {  // fn(first element in the tensor, first in the slice, length)
+    for (int64_t i = 0; i < runs; ++i) fn(first + i * stride, i * length, length);
+  }
+};
+
 class WeightSource {
  public:
   // Reads `dir`/config.json (+ generation_config.json) and the safetensors in `dir`; throws
@@ -35,9 +49,9 @@ class WeightSource {
   uint64_t seed() const { return seed_; }
   const WeightSpec& spec(const std::string& name) const;
 
-  // The shape of `slice` of the named tensor; throws core::Error when it lies outside.
-  std::vector<int64_t> slice_shape(const std::string& name, const TensorSlice& slice = {}) const;
-  // `slice` of the named tensor (row-major, numel = product of slice_shape) converted to
+  // Where `slice` of the named tensor lies; throws core::Error when it lies outside the tensor.
+  SliceRuns slice_runs(const std::string& name, const TensorSlice& slice = {}) const;
+  // `slice` of the named tensor (row-major, slice_runs(…).numel() elements) converted to
   // float32, or to bf16 bits. Read straight from the mapped file: only the slice is copied.
   std::vector<float> load_f32(const std::string& name, const TensorSlice& slice = {}) const;
   std::vector<uint16_t> load_bf16(const std::string& name, const TensorSlice& slice = {}) const;

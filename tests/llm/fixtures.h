@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/safetensors.h"
+#include "llm/config.h"
 
 namespace gpulab::llm::testing {
 
@@ -49,6 +50,23 @@ inline std::vector<FixtureCase> load_fixture_cases(const std::string& name) {
     cases.push_back(std::move(fc));
   }
   return cases;
+}
+
+// llama_tiny's config made a GQA model that exercises tensor parallelism: 8 heads over 2 KV
+// heads (replicated at TP 4 and 8), biases on q/k/v and o, tied embeddings, and a vocabulary of
+// 1003 that no TP size above 1 splits evenly.
+inline LlamaConfig gqa_test_config() {
+  LlamaConfig c = read_model_config(fixture_dir("llama_tiny"));
+  c.hidden_size = 256;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;
+  c.intermediate_size = 512;
+  c.vocab_size = 1003;
+  c.qkv_bias = true;
+  c.o_bias = true;
+  c.tie_word_embeddings = true;
+  return c;
 }
 
 // Writes llama_tiny's weights to `path` with every tensor converted to `dt` (fp32 or fp16).

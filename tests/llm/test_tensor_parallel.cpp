@@ -18,7 +18,9 @@
 #include "kernels/silu_mul.h"
 #include "llm/cpu_model.h"
 #include "llm/fixtures.h"
+#include "llm/make_engine.h"
 #include "llm/tensor_parallel.h"
+#include "llm/tp_engine.h"
 
 namespace gpulab::llm {
 namespace {
@@ -27,21 +29,7 @@ namespace fs = std::filesystem;
 
 WeightSource fixture(const std::string& name) { return WeightSource::from_checkpoint(testing::fixture_dir(name)); }
 
-// GQA with fewer KV heads (2) than ranks at TP 4 and 8, biases on q/k/v and o, tied
-// embeddings, a vocabulary (1003) that does not split evenly.
-LlamaConfig gqa_config() {
-  LlamaConfig c = read_model_config(testing::fixture_dir("llama_tiny"));
-  c.hidden_size = 96;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.intermediate_size = 160;
-  c.vocab_size = 1003;
-  c.qkv_bias = true;
-  c.o_bias = true;
-  c.tie_word_embeddings = true;
-  return c;
-}
+LlamaConfig gqa_config() { return testing::gqa_test_config(); }
 
 // ---------------------------------------------------------------------------------------------
 // Layout
@@ -114,6 +102,13 @@ TEST(ShardLayout, ModelsThatDoNotSplitAreInputErrors) {
   EXPECT_THROW(shard_slice(shard_layout(c, {0, 2}), "model.layers.0.mlp.experts.weight"), core::Error);
 }
 
+TEST(ShardLayout, TpNeedsTheCudaDeviceAndAPositiveSize) {
+  EngineSpec spec;
+  spec.tp = 2;
+  EXPECT_THROW(make_engine(fixture("llama_tiny"), spec), core::InputError);  // device cpu
+  EXPECT_THROW(tp_devices(0), core::InputError);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sharded loading
 
@@ -160,11 +155,12 @@ void expect_slices_match(const WeightSource& w, int world) {
       ASSERT_EQ(got_f32.size(), want.size());
       for (size_t i = 0; i < want.size(); ++i)
         ASSERT_EQ(core::float_to_bf16_bits(got_f32[i]), want[i]) << "element " << i;
-      const std::vector<int64_t> shape = w.slice_shape(n, slice);
+      const SliceRuns runs = w.slice_runs(n, slice);
       int64_t numel = 1;
-      for (int64_t e : shape) numel *= e;
+      for (int64_t e : runs.shape) numel *= e;
       EXPECT_EQ(numel, static_cast<int64_t>(want.size()));
-      EXPECT_EQ(shape.size(), s.shape.size());
+      EXPECT_EQ(runs.numel(), numel);
+      EXPECT_EQ(runs.shape.size(), s.shape.size());
     }
     // The engine's fused q/k/v rows of this rank: its q rows, then its k rows, then its v rows,
     // each the right heads of the whole projection (a head is d consecutive rows).
