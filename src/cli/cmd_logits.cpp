@@ -11,6 +11,7 @@
 #include "core/safetensors.h"
 #include "llm/cpu_model.h"
 #include "llm/cuda_engine.h"
+#include "llm/tp_engine.h"
 #include "llm/weights.h"
 
 namespace gpulab::cli {
@@ -26,6 +27,8 @@ struct LogitsOptions {
 // The logits of every position: one engine step over the whole prompt.
 std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<int32_t>& ids) {
   const llm::WeightSource weights = load_weights(opt.model);
+  const int tp = opt.model.engine.tp;
+  if (opt.model.engine.device == "cpu" && tp != 1) throw core::InputError("--tp needs --device cuda");
   if (opt.model.engine.device == "cpu") return llm::CpuModel(weights, opt.model.engine.threads).logits(ids);
   // One sequence, as long as the prompt: size the KV pool to it, no graphs for a single step.
   llm::EngineOptions cuda = opt.model.engine.cuda;
@@ -34,6 +37,7 @@ std::vector<float> compute_logits(const LogitsOptions& opt, const std::vector<in
                                        std::max<int64_t>(static_cast<int64_t>(ids.size()), 16));
   cuda.max_kv_tokens = cuda.max_seq_len;
   cuda.cuda_graphs = false;
+  if (tp != 1) return llm::TpEngine(weights, cuda, llm::tp_devices(tp)).logits(ids);
   return llm::CudaEngine(weights, cuda).logits(ids);
 }
 

@@ -43,6 +43,10 @@ void add_model_options(CLI::App& sub, ModelOptions& opt) {
                      .description(""))
       ->type_name("{token,tensor}")
       ->default_str("token");
+  sub.add_option("--tp", opt.engine.tp,
+                 "With --device cuda: tensor parallel over GPUs 0..N-1 (heads, MLP and vocabulary split, NCCL)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
 }
 
 llm::WeightSource load_weights(const ModelOptions& opt) {

@@ -50,10 +50,13 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-__global__ void fill_random_kernel(bf16* out, int64_t n, RandomFill fill) {
+// A slice of a random tensor: element i is element first + (i / length) · stride + i % length
+// of the whole (SliceRuns), so every rank's shard holds the values of the unsharded model.
+__global__ void fill_random_kernel(bf16* out, int64_t n, int64_t length, int64_t first, int64_t stride,
+                                   RandomFill fill) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16(random_value(fill, i));
+    out[i] = __float2bfloat16(random_value(fill, first + i / length * stride + i % length));
 }
 
 // Bump allocation inside one device buffer: offsets first, one cudaMalloc after.
@@ -95,7 +98,10 @@ struct Piece {
 }  // namespace
 
 struct CudaEngine::Impl {
-  LlamaConfig cfg;
+  // cfg is this rank's part of the model (its heads, KV heads and MLP rows: shard_config), `model`
+  // the whole one that config() reports; equal without tensor parallelism.
+  LlamaConfig cfg, model;
+  ShardLayout part;
   EngineOptions opt;
   int64_t max_seq_len = 0, max_tokens = 0, max_blocks_per_seq = 0;
   int64_t logit_rows = 0;  // rows of the logits buffer: a batch's last tokens, or logits() passes
@@ -113,7 +119,8 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<float> inv_freq;
 
   // Activations, sized for max_tokens rows; logits for logit_rows.
-  core::DeviceBuffer<float> x, x_last, logits;
+  core::DeviceBuffer<float> x, x_last, logits;  // logits: [rows, part.vocab_rows] of this rank
+  core::DeviceBuffer<float> gathered;            // with a comm: every rank's logits [world, rows, vocab_rows]
   core::DeviceBuffer<bf16> xn, qkv, attn, gate_up, act;
   core::DeviceBuffer<std::byte> decode_ws;
   // fp8 linear layers: the quantized activation, its scales (one per row), the row amaxes of
@@ -159,26 +166,29 @@ struct CudaEngine::Impl {
   bool fp8() const { return opt.weights == WeightFormat::fp8; }
   DType linear_dtype() const { return fp8() ? DType::f8e4m3 : kAct; }
 
-  // y = x·Wᵀ for x [m, L.k] bf16, into y [m, L.n] of y_type (accumulate: y += x·Wᵀ, y float).
-  // fp8: x is quantized first (scales per token or per tensor), the GEMM scales each output by
-  // its row's and its channel's scale and writes bf16, added into y by a second kernel when
-  // accumulating (cuBLASLt's outer-vector fp8 scaling is used with bf16 output only).
-  void linear(const Linear& L, const bf16* x, void* y, DType y_type, int64_t m, bool accumulate) {
+  // y = x·Wᵀ + beta·y for x [m, L.k] bf16, into y [m, L.n] of y_type (beta 1 only into float: the
+  // residual). fp8: x is quantized first (scales per token or per tensor), the GEMM scales each
+  // output by its row's and its channel's scale and writes bf16, which a second kernel adds into
+  // a float y (cuBLASLt's outer-vector fp8 scaling is used with bf16 output only).
+  void linear(const Linear& L, const bf16* x, void* y, DType y_type, int64_t m, float beta) {
     const blas::MatmulShape shape{m, L.n, L.k, false, true};
     if (L.dtype == kAct) {
-      blas->matmul(shape, {kAct, kAct, y_type}, x, weights.get() + L.w, y, *stream, 1.f, accumulate ? 1.f : 0.f);
+      blas->matmul(shape, {kAct, kAct, y_type}, x, weights.get() + L.w, y, *stream, 1.f, beta);
       return;
     }
-    if (accumulate ? y_type != DType::f32 : y_type != kAct)
-      throw core::Error("CudaEngine: an fp8 linear layer writes bf16 or accumulates into float");
+    const bool to_float = y_type == DType::f32;
+    if (to_float ? false : (y_type != kAct || beta != 0.f))
+      throw core::Error("CudaEngine: an fp8 linear layer writes bf16 or adds into float");
     const auto granularity = opt.fp8_activations == Fp8ActivationScale::tensor ? kernels::Fp8Granularity::tensor
                                                                                : kernels::Fp8Granularity::row;
     kernels::fp8_quantize(act_q.get(), act_scales.get(), x, kAct, m, L.k, granularity, row_amax.get(), *stream);
     const blas::Fp8Scales scales{act_scales.get(), reinterpret_cast<const float*>(weights.get() + L.scales), true};
-    void* out = accumulate ? static_cast<void*>(linear_out.get()) : y;
+    void* out = to_float ? static_cast<void*>(linear_out.get()) : y;
     blas->matmul(shape, {DType::f8e4m3, DType::f8e4m3, kAct}, act_q.get(), weights.get() + L.w, out, *stream, 1.f,
                  0.f, scales);
-    if (accumulate) kernels::accumulate(static_cast<float*>(y), out, kAct, m * L.n, *stream);
+    if (!to_float) return;
+    if (beta == 0.f) GPULAB_CHECK(cudaMemsetAsync(y, 0, m * L.n * sizeof(float), *stream));
+    kernels::accumulate(static_cast<float*>(y), out, kAct, m * L.n, *stream);
   }
 
   static Linear plan_linear(Arena& arena, int64_t n, int64_t k, DType dtype) {
@@ -194,8 +204,10 @@ struct CudaEngine::Impl {
     embed = arena.take(c.vocab_size * h * 2);
     final_norm = arena.take(h * 2);
     // lm_head stays bf16: its error lands straight in the logits (and so in top-1), it is ~1.5 %
-    // of a 70B model's weights, and tied models share it with the embedding table.
-    lm_head = c.tie_word_embeddings ? Linear{embed, 0, kAct, c.vocab_size, h} : plan_linear(arena, c.vocab_size, h, kAct);
+    // of a 70B model's weights, and tied models share it with the embedding table. The embedding
+    // is whole on every rank; a tied lm_head gets a copy of its vocab rows when sharded.
+    lm_head = c.tie_word_embeddings && part.shard.world == 1 ? Linear{embed, 0, kAct, part.vocab_rows, h}
+                                                             : plan_linear(arena, part.vocab_rows, h, kAct);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       Layer L{};
       L.attn_norm = arena.take(h * 2);
@@ -210,43 +222,54 @@ struct CudaEngine::Impl {
     }
   }
 
-  // Uploads HF tensor `name` to `dst`, as bf16 (or float for `as_float`).
+  // Uploads this rank's slice of HF tensor `name` (all of it without tensor parallelism) to
+  // `dst`, as bf16 (or float for `as_float`).
   void upload(const WeightSource& src, const std::string& name, void* dst, bool as_float = false) {
-    const int64_t n = numel(src.spec(name).shape);
+    upload_slice(src, name, shard_slice(part, name), dst, as_float);
+  }
+  void upload_slice(const WeightSource& src, const std::string& name, const TensorSlice& slice, void* dst,
+                    bool as_float) {
+    const SliceRuns runs = src.slice_runs(name, slice);
+    const int64_t n = runs.numel();
     if (as_float) {
-      const std::vector<float> v = src.load_f32(name);
+      const std::vector<float> v = src.load_f32(name, slice);
       GPULAB_CHECK(cudaMemcpy(dst, v.data(), n * 4, cudaMemcpyHostToDevice));
     } else if (src.is_random()) {
       fill_random_kernel<<<std::min<int64_t>((n + 255) / 256, 8192), 256, 0, *stream>>>(
-          static_cast<bf16*>(dst), n, random_fill(name, src.seed()));
+          static_cast<bf16*>(dst), n, runs.length, runs.first, runs.stride, random_fill(name, src.seed()));
       GPULAB_CHECK_LAUNCH();
     } else {
-      const std::vector<uint16_t> v = src.load_bf16(name);
+      const std::vector<uint16_t> v = src.load_bf16(name, slice);
       GPULAB_CHECK(cudaMemcpy(dst, v.data(), n * 2, cudaMemcpyHostToDevice));
     }
   }
 
-  // Uploads the HF tensors `parts` (stacked by row: fused q/k/v, gate/up) into L. fp8 parts of
-  // an fp8 checkpoint go as stored with their scales; others are staged in bf16 on the device
-  // (random weights are made there) and quantized per row there, so no host copy of a whole
-  // model is made in any format.
+  // Uploads this rank's slices of the HF tensors `parts` (stacked by row: fused q/k/v, gate/up)
+  // into L. fp8 parts of an fp8 checkpoint go as stored with their scales; others are staged in
+  // bf16 on the device (random weights are made there) and quantized per row there, so no host
+  // copy of a whole model is made in any format.
   void upload_linear(const WeightSource& src, const Linear& L, const std::vector<std::string>& parts,
                      core::DeviceBuffer<bf16>& staging) {
     int64_t row = 0;
     for (const std::string& name : parts) {
-      const int64_t rows = src.spec(name).shape.at(0);
+      const TensorSlice slice = shard_slice(part, name);
+      const SliceRuns runs = src.slice_runs(name, slice);
+      const int64_t rows = runs.shape.at(0);
       std::byte* dst = weights.get() + L.w + row * L.k * core::dtype_size(L.dtype);
       float* scales = reinterpret_cast<float*>(weights.get() + L.scales) + row;
       if (L.dtype == kAct) {
-        upload(src, name, dst);
+        upload_slice(src, name, slice, dst, false);
       } else if (src.is_fp8(name)) {
         const auto bytes = src.fp8_bytes(name);
-        const std::vector<float> s = src.fp8_row_scales(name);
-        GPULAB_CHECK(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-        GPULAB_CHECK(cudaMemcpy(scales, s.data(), s.size() * 4, cudaMemcpyHostToDevice));
+        std::vector<uint8_t> mine(runs.numel());
+        runs.for_each([&](int64_t from, int64_t to, int64_t n) { std::memcpy(mine.data() + to, bytes.data() + from, n); });
+        const std::vector<float> all = src.fp8_row_scales(name);  // a row slice takes its rows' scales
+        const int64_t first_row = slice.dim == 0 ? slice.begin : 0;
+        GPULAB_CHECK(cudaMemcpy(dst, mine.data(), mine.size(), cudaMemcpyHostToDevice));
+        GPULAB_CHECK(cudaMemcpy(scales, all.data() + first_row, rows * 4, cudaMemcpyHostToDevice));
       } else {
         if (staging.size() < static_cast<size_t>(rows * L.k)) staging = core::DeviceBuffer<bf16>(rows * L.k);
-        upload(src, name, staging.get());
+        upload_slice(src, name, slice, staging.get(), false);
         kernels::fp8_quantize(dst, scales, staging.get(), kAct, rows, L.k, kernels::Fp8Granularity::row, nullptr,
                               *stream);
         stream->synchronize();  // before the next part overwrites the staging buffer
@@ -257,10 +280,17 @@ struct CudaEngine::Impl {
 
   void upload_weights(const WeightSource& src) {
     const LlamaConfig& c = cfg;
+    const int64_t h = c.hidden_size;
     core::DeviceBuffer<bf16> staging;  // fp8 quantization at load; freed before the KV cache is sized
     upload(src, "model.embed_tokens.weight", weights.get() + embed);
     upload(src, "model.norm.weight", weights.get() + final_norm);
     if (!c.tie_word_embeddings) upload_linear(src, lm_head, {"lm_head.weight"}, staging);
+    if (c.tie_word_embeddings && lm_head.w != embed)
+      upload_slice(src, "model.embed_tokens.weight", shard_slice(part, "lm_head.weight"), weights.get() + lm_head.w,
+                   false);
+    if (part.vocab_count < part.vocab_rows)  // the last rank's padding rows: zero logits, never read
+      GPULAB_CHECK(cudaMemsetAsync(weights.get() + lm_head.w + part.vocab_count * h * 2, 0,
+                                   (part.vocab_rows - part.vocab_count) * h * 2, *stream));
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Layer& L = layers[l];
       auto name = [&](const std::string& suffix) { return layer_weight(l, suffix); };
@@ -303,7 +333,8 @@ struct CudaEngine::Impl {
     Arena meta_arena;
     plan_meta(meta_arena);
     size_t n = 0;
-    n += align_up(max_tokens * h * 4) + align_up(logit_rows * h * 4) + align_up(logit_rows * c.vocab_size * 4);
+    n += align_up(max_tokens * h * 4) + align_up(logit_rows * h * 4) + align_up(logit_rows * part.vocab_rows * 4);
+    if (opt.comm) n += align_up(part.shard.world * logit_rows * part.vocab_rows * 4);
     n += align_up(max_tokens * h * 2) + align_up(max_tokens * qkv_width * 2) + align_up(max_tokens * qd * 2);
     n += align_up(max_tokens * 2 * c.intermediate_size * 2) + align_up(max_tokens * c.intermediate_size * 2);
     n += align_up(kernels::attention_decode_workspace(B, max_seq_len, shape));
@@ -325,7 +356,8 @@ struct CudaEngine::Impl {
     const int64_t h = c.hidden_size, B = opt.max_batch;
     x = core::DeviceBuffer<float>(max_tokens * h);
     x_last = core::DeviceBuffer<float>(logit_rows * h);
-    logits = core::DeviceBuffer<float>(logit_rows * c.vocab_size);
+    logits = core::DeviceBuffer<float>(logit_rows * part.vocab_rows);
+    if (opt.comm) gathered = core::DeviceBuffer<float>(part.shard.world * logit_rows * part.vocab_rows);
     logits_host = core::PinnedBuffer<float>(B * c.vocab_size);
     xn = core::DeviceBuffer<bf16>(max_tokens * h);
     qkv = core::DeviceBuffer<bf16>(max_tokens * qkv_width);
@@ -354,6 +386,7 @@ struct CudaEngine::Impl {
     num_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
     if (opt.max_kv_tokens > 0) num_blocks = std::min(num_blocks, blocks_for(opt.max_kv_tokens));
     num_blocks = std::min(num_blocks, opt.max_batch * max_blocks_per_seq);  // more could never be used
+    num_blocks = min_over_ranks(num_blocks);  // every rank holds the same pages
     if (num_blocks < 1)
       throw core::InputError("no GPU memory left for the KV cache at --gpu-memory-fraction " +
                              std::to_string(opt.gpu_memory_fraction) + ": weights take " + gib(weight_bytes) +
@@ -363,6 +396,26 @@ struct CudaEngine::Impl {
     for (int64_t b = num_blocks - 1; b >= 0; --b) free_blocks.push_back(static_cast<int32_t>(b));
     core::log_info("KV cache: ", num_blocks, " pages of ", opt.block_size, " tokens (", num_blocks * opt.block_size,
                    " tokens, ", gib(kv.bytes()), "); weights ", gib(weight_bytes), ", buffers ", gib(buffer_bytes));
+  }
+
+  // The least of `value` over the tensor-parallel ranks (each calls this at the same point), so
+  // they size alike and refuse alike instead of leaving the others waiting in a collective.
+  int64_t min_over_ranks(int64_t value) {
+    if (!opt.comm) return value;
+    core::DeviceBuffer<int64_t> v(1);
+    GPULAB_CHECK(cudaMemcpyAsync(v.get(), &value, 8, cudaMemcpyHostToDevice, *stream));
+    GPULAB_CHECK(ncclAllReduce(v.get(), v.get(), 1, ncclInt64, ncclMin, opt.comm, *stream));
+    GPULAB_CHECK(cudaMemcpyAsync(&value, v.get(), 8, cudaMemcpyDeviceToHost, *stream));
+    stream->synchronize();
+    return value;
+  }
+
+  // Row-parallel o/down GEMMs: every rank's partial sum of the residual update goes into x, rank 0
+  // adding it to the residual (beta 1) and the others overwriting (beta 0); the all-reduce then
+  // leaves x = residual + the whole update on every rank. Captured into the decode graph too.
+  float residual_beta() const { return part.shard.rank == 0 ? 1.f : 0.f; }
+  void all_reduce_residual(int64_t n) {
+    if (opt.comm) GPULAB_CHECK(ncclAllReduce(x.get(), x.get(), n * cfg.hidden_size, ncclFloat, ncclSum, opt.comm, *stream));
   }
 
   int32_t slot_of(const Sequence& s, int64_t pos) const {
@@ -382,7 +435,7 @@ struct CudaEngine::Impl {
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Layer& L = layers[l];
       kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.attn_norm), n, h, eps, *stream);
-      linear(L.qkv, xn.get(), qkv.get(), kAct, n, false);
+      linear(L.qkv, xn.get(), qkv.get(), kAct, n, 0.f);
       if (c.qkv_bias) kernels::bias_add(qkv.get(), w(L.qkv_bias), n, qkv_width, kAct, *stream);
       bf16* q = qkv.get();
       bf16* k = q + qd;
@@ -403,22 +456,39 @@ struct CudaEngine::Impl {
                                    dmeta(meta_at.cu_q), dmeta(meta_at.seq_lens) + decodes, prefills, max_chunk, shape,
                                    kAct, *stream);
       }
-      linear(L.o, attn.get(), x.get(), DType::f32, n, true);  // x += attn · Woᵀ
-      if (c.o_bias) kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
+      linear(L.o, attn.get(), x.get(), DType::f32, n, residual_beta());  // x += attn · Woᵀ
+      if (c.o_bias && part.shard.rank == 0) kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
+      all_reduce_residual(n);
       kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
-      linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, false);
+      linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, 0.f);
       kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
-      linear(L.down, act.get(), x.get(), DType::f32, n, true);  // x += mlp
+      linear(L.down, act.get(), x.get(), DType::f32, n, residual_beta());  // x += mlp
+      all_reduce_residual(n);
     }
   }
 
-  // Final norm and lm_head of the rows listed in meta last_rows, into `logits` [rows, vocab].
+  // Final norm and lm_head of the rows listed in meta last_rows, into `logits` [rows, vocab
+  // rows of this rank], then with a comm gathered from every rank.
   void logits_of_rows(int64_t rows) {
     const int64_t h = cfg.hidden_size;
     kernels::embedding(x_last.get(), DType::f32, x.get(), DType::f32, dmeta(meta_at.last_rows), rows, h, *stream);
     kernels::rmsnorm(xn.get(), kAct, x_last.get(), DType::f32, w(final_norm), rows, h,
                      static_cast<float>(cfg.rms_norm_eps), *stream);
-    linear(lm_head, xn.get(), logits.get(), DType::f32, rows, false);
+    linear(lm_head, xn.get(), logits.get(), DType::f32, rows, 0.f);
+    if (opt.comm)
+      GPULAB_CHECK(ncclAllGather(logits.get(), gathered.get(), rows * part.vocab_rows, ncclFloat, opt.comm, *stream));
+  }
+
+  // `copy_rows` rows of logits [.., vocab] to `host` from a pass that computed `rows`: one
+  // strided copy per rank's block of vocab rows, leaving out the padding.
+  void copy_logits(float* host, int64_t copy_rows, int64_t rows) {
+    const float* from = opt.comm ? gathered.get() : logits.get();
+    const int64_t V = cfg.vocab_size, P = part.vocab_rows;
+    for (int64_t r = 0; r < part.shard.world; ++r) {
+      const int64_t cols = std::min(P, V - r * P);
+      GPULAB_CHECK(cudaMemcpy2DAsync(host + r * P, V * 4, from + r * rows * P, P * 4, cols * 4, copy_rows,
+                                     cudaMemcpyDeviceToHost, *stream));
+    }
   }
 
   void upload_meta(int64_t table_rows) {
@@ -428,7 +498,8 @@ struct CudaEngine::Impl {
 
   // One forward pass over `pieces` (at most max_batch, at most max_tokens rows in all). Writes
   // the logits of each piece's last token to out[i · vocab] (for every token when all_rows,
-  // then with a single piece of at most logit_rows), and advances each sequence's cached length.
+  // then with a single piece of at most logit_rows; none when out is null), and advances each
+  // sequence's cached length.
   void forward(const std::vector<Piece>& pieces, float* out, bool all_rows) {
     const int64_t b = static_cast<int64_t>(pieces.size()), V = cfg.vocab_size;
     // Rows: single-token pieces first (decode attention), then the chunks (prefill attention).
@@ -484,11 +555,9 @@ struct CudaEngine::Impl {
       // After one eager run (cuBLASLt plans made), capture the decode step.
       if (pure_decode && opt.cuda_graphs && !std::exchange(decode_ran_eagerly, true)) capture_decode(padded);
     }
-    const int64_t copy_rows = all_rows ? n : b;
-    float* host = all_rows ? out : logits_host.get();
-    GPULAB_CHECK(cudaMemcpyAsync(host, logits.get(), copy_rows * V * 4, cudaMemcpyDeviceToHost, *stream));
+    if (out) copy_logits(all_rows ? out : logits_host.get(), all_rows ? n : b, rows);
     stream->synchronize();
-    if (!all_rows) std::copy_n(logits_host.get(), b * V, out);
+    if (out && !all_rows) std::copy_n(logits_host.get(), b * V, out);
     for (const Piece& p : pieces) p.seq->kv_len += static_cast<int64_t>(p.tokens.size());
   }
 
@@ -538,8 +607,22 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   if (const std::string why = core::why_no_device(); !why.empty())
     throw core::NoDeviceError("the CUDA engine needs a CUDA device: " + why);
   Impl& m = *impl_;
-  m.cfg = src.config();
+  m.model = src.config();
   m.opt = options;
+  if (options.comm) {
+    int count = 0, rank = 0;
+    GPULAB_CHECK(ncclCommCount(options.comm, &count));
+    GPULAB_CHECK(ncclCommUserRank(options.comm, &rank));
+    if (count != options.shard.world || rank != options.shard.rank)
+      throw core::Error("CudaEngine: shard " + std::to_string(options.shard.rank) + " of " +
+                        std::to_string(options.shard.world) + " given the communicator's rank " + std::to_string(rank) +
+                        " of " + std::to_string(count));
+  } else if (options.shard.world != 1) {
+    throw core::Error("CudaEngine: tensor parallel over " + std::to_string(options.shard.world) +
+                      " ranks needs an NCCL communicator");
+  }
+  m.part = shard_layout(m.model, options.shard);
+  m.cfg = shard_config(m.model, m.part);
   const LlamaConfig& c = m.cfg;
   if (options.gpu_memory_fraction <= 0 || options.gpu_memory_fraction > 1)
     throw core::InputError("--gpu-memory-fraction must be in (0, 1]");
@@ -569,6 +652,7 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
       throw core::InputError("--weights fp8 needs hidden, attention and intermediate sizes that are multiples of 16");
   }
 
+  m.stream = std::make_unique<core::Stream>();
   Arena arena;
   m.plan_weights(arena);
   m.weight_bytes = arena.bytes;
@@ -577,14 +661,13 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   GPULAB_CHECK(cudaMemGetInfo(&free_bytes, &total));
   const double allowed = options.gpu_memory_fraction * static_cast<double>(total) -
                          static_cast<double>(total - free_bytes) - static_cast<double>(kSafetyMargin);
-  if (static_cast<double>(m.weight_bytes + m.buffer_bytes + m.staging_bytes()) > allowed)
+  if (m.min_over_ranks(static_cast<double>(m.weight_bytes + m.buffer_bytes + m.staging_bytes()) <= allowed) == 0)
     throw core::InputError("the model does not fit: weights need " + gib(m.weight_bytes) + " and buffers " +
                            gib(m.buffer_bytes) + ", but --gpu-memory-fraction " +
                            std::to_string(options.gpu_memory_fraction) + " leaves " +
                            gib(allowed > 0 ? static_cast<size_t>(allowed) : 0) + " (" + gib(free_bytes) + " free of " +
                            gib(total) + ")");
 
-  m.stream = std::make_unique<core::Stream>();
   m.blas = std::make_unique<blas::Blas>();
   m.weights = core::DeviceBuffer<std::byte>(m.weight_bytes);
   m.upload_weights(src);
@@ -603,7 +686,7 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
 
 CudaEngine::~CudaEngine() = default;
 
-const LlamaConfig& CudaEngine::config() const { return impl_->cfg; }
+const LlamaConfig& CudaEngine::config() const { return impl_->model; }
 int64_t CudaEngine::max_batch() const { return impl_->opt.max_batch; }
 // The most one sequence can hold: the pool, or the max sequence length when that is less (so
 // the scheduler refuses longer requests up front).
@@ -659,7 +742,8 @@ void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<con
                       std::span<float> logits) {
   Impl& m = *impl_;
   const int64_t V = m.cfg.vocab_size;
-  if (chunks.size() != seqs.size() || logits.size() < seqs.size() * static_cast<size_t>(V))
+  const bool to_host = !logits.empty();
+  if (chunks.size() != seqs.size() || (to_host && logits.size() < seqs.size() * static_cast<size_t>(V)))
     throw core::Error("CudaEngine::step: sizes of seqs, chunks and logits disagree");
   if (static_cast<int64_t>(seqs.size()) > m.opt.max_batch)
     throw core::Error("CudaEngine::step: more sequences than max_batch");
@@ -683,10 +767,11 @@ void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<con
   // passes of its own (of at most max_tokens rows, each over the part already cached). So every
   // GEMM a sequence sees has the same shape whatever it is batched with, and its tokens do not
   // depend on the batch.
-  std::vector<float> pass_logits(std::max<size_t>(decodes.size(), 1) * V);
+  std::vector<float> pass_logits(to_host ? std::max<size_t>(decodes.size(), 1) * V : 0);
+  float* pass_out = to_host ? pass_logits.data() : nullptr;
   if (!decodes.empty()) {
-    m.forward(decodes, pass_logits.data(), false);
-    for (size_t j = 0; j < decodes.size(); ++j)
+    m.forward(decodes, pass_out, false);
+    for (size_t j = 0; j < decodes.size() && to_host; ++j)
       std::copy_n(pass_logits.data() + j * V, V, logits.data() + decode_index[j] * V);
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -694,9 +779,9 @@ void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<con
     Sequence& s = m.sequence(seqs[i]);
     for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(m.max_tokens)) {
       const size_t n = std::min(chunks[i].size() - t0, static_cast<size_t>(m.max_tokens));
-      m.forward({{&s, chunks[i].subspan(t0, n)}}, pass_logits.data(), false);
+      m.forward({{&s, chunks[i].subspan(t0, n)}}, pass_out, false);
     }
-    std::copy_n(pass_logits.data(), V, logits.data() + i * V);
+    if (to_host) std::copy_n(pass_logits.data(), V, logits.data() + i * V);
   }
 }
 

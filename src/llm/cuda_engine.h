@@ -7,12 +7,15 @@
 // before any work starts.
 #pragma once
 
+#include <nccl.h>
+
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "llm/engine.h"
+#include "llm/tensor_parallel.h"
 
 namespace gpulab::llm {
 
@@ -34,6 +37,13 @@ struct EngineOptions {
   bool cuda_graphs = true;           // replay pure decode steps from CUDA graphs
   WeightFormat weights = WeightFormat::bf16;
   Fp8ActivationScale fp8_activations = Fp8ActivationScale::token;
+  // Tensor parallel (see llm/tensor_parallel.h): this engine is rank shard.rank of shard.world
+  // and holds that shard of the weights; `comm`, its rank of an NCCL communicator of
+  // shard.world ranks on the current device, carries the all-reduces, the logits gather and
+  // the agreement on sizes. Null: no NCCL (world 1 only). The caller keeps it alive and every
+  // rank makes the same calls in the same order (TpEngine does for the GPUs of one process).
+  ShardSpec shard;
+  ncclComm_t comm = nullptr;
 };
 
 class CudaEngine final : public Engine {
@@ -53,6 +63,8 @@ class CudaEngine final : public Engine {
   // Throws core::InputError when max_tokens exceeds the engine's max sequence length.
   std::optional<SeqId> open(int64_t max_tokens) override;
   void close(SeqId seq) override;
+  // An empty `logits` computes the step without copying logits to the host (the ranks of a
+  // tensor-parallel group other than 0).
   void step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks,
             std::span<float> logits) override;
 

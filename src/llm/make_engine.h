@@ -14,9 +14,11 @@ struct EngineSpec {
   int64_t cpu_kv_tokens = 16384;  // the CPU engine's KV room
   int threads = 0;                // CPU threads, 0: all
   EngineOptions cuda;             // the CUDA engine's sizing
+  int tp = 1;                     // cuda: tensor parallel over GPUs 0 .. tp-1 (TpEngine)
 };
 
-// Throws core::InputError for an unknown device, core::NoDeviceError for cuda without a GPU.
+// Throws core::InputError for an unknown device, a --tp above 1 on the CPU or above the visible
+// GPU count, core::NoDeviceError for cuda without a GPU.
 std::unique_ptr<Engine> make_engine(const WeightSource& weights, const EngineSpec& spec);
 
 }  // namespace gpulab::llm

@@ -99,23 +99,52 @@ const WeightSpec& WeightSource::spec(const std::string& name) const {
   throw core::Error("no weight named '" + name + "' in this model");
 }
 
-std::vector<float> WeightSource::load_f32(const std::string& name) const {
-  const WeightSpec& s = spec(name);
-  std::vector<float> out(numel(s.shape));
+SliceRuns WeightSource::slice_runs(const std::string& name, const TensorSlice& s) const {
+  const std::vector<int64_t>& shape = spec(name).shape;
+  const bool dim_ok = (s.dim == 0 || s.dim == 1) && s.dim < static_cast<int>(shape.size());
+  const int64_t extent = dim_ok ? shape[s.dim] : -1;
+  const int64_t count = s.count < 0 ? extent - s.begin : s.count;
+  if (!dim_ok || s.begin < 0 || count < 0 || s.begin + count > extent)
+    throw core::Error("slice [" + std::to_string(s.begin) + ", +" + std::to_string(s.count) + ") of dim " +
+                      std::to_string(s.dim) + " lies outside '" + name + "' " + shape_text(shape));
+  SliceRuns r;
+  r.shape = shape;
+  r.shape[s.dim] = count;
+  if (s.dim == 0) {
+    const int64_t inner = numel(shape) / std::max<int64_t>(shape[0], 1);
+    r.length = count * inner;
+    r.first = s.begin * inner;
+  } else {
+    r.runs = shape[0];
+    r.length = count;
+    r.first = s.begin;
+    r.stride = shape[1];
+  }
+  return r;
+}
+
+std::vector<float> WeightSource::load_f32(const std::string& name, const TensorSlice& slice) const {
+  const SliceRuns r = slice_runs(name, slice);
+  std::vector<float> out(r.numel());
   if (!checkpoint_) {
     const RandomFill fill = random_fill(name, seed_);
-    for (size_t i = 0; i < out.size(); ++i) out[i] = random_value(fill, i);
+    r.for_each([&](int64_t src, int64_t dst, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) out[dst + i] = random_value(fill, src + i);
+    });
     return out;
   }
   const core::Checkpoint::Entry& e = checkpoint_->at(name);
   const auto bytes = checkpoint_->data(e);
   const core::DType dt = e.info->dtype;
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(core::load_as_double(bytes.data(), dt, i));
-  if (dt == core::DType::f8e4m3) {
-    const std::vector<float> scales = fp8_row_scales(name);
-    const size_t cols = out.size() / scales.size();
-    for (size_t i = 0; i < out.size(); ++i) out[i] *= scales[i / cols];
-  }
+  // fp8 tensors come back dequantized: one scale per row of the whole tensor.
+  const std::vector<float> scales = dt == core::DType::f8e4m3 ? fp8_row_scales(name) : std::vector<float>{};
+  const int64_t cols = scales.empty() ? 1 : numel(spec(name).shape) / static_cast<int64_t>(scales.size());
+  r.for_each([&](int64_t src, int64_t dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = static_cast<float>(core::load_as_double(bytes.data(), dt, src + i));
+      out[dst + i] = scales.empty() ? v : v * scales[(src + i) / cols];
+    }
+  });
   return out;
 }
 
@@ -140,14 +169,15 @@ std::vector<float> WeightSource::fp8_row_scales(const std::string& name) const {
   return out;
 }
 
-std::vector<uint16_t> WeightSource::load_bf16(const std::string& name) const {
+std::vector<uint16_t> WeightSource::load_bf16(const std::string& name, const TensorSlice& slice) const {
   if (checkpoint_ && checkpoint_->at(name).info->dtype == core::DType::bf16) {
-    const auto bytes = checkpoint_->data(checkpoint_->at(name));
-    std::vector<uint16_t> out(bytes.size() / 2);
-    std::memcpy(out.data(), bytes.data(), bytes.size());
+    const SliceRuns r = slice_runs(name, slice);
+    const uint8_t* bytes = checkpoint_->data(checkpoint_->at(name)).data();
+    std::vector<uint16_t> out(r.numel());
+    r.for_each([&](int64_t src, int64_t dst, int64_t n) { std::memcpy(out.data() + dst, bytes + 2 * src, 2 * n); });
     return out;
   }
-  const std::vector<float> f = load_f32(name);
+  const std::vector<float> f = load_f32(name, slice);
   std::vector<uint16_t> out(f.size());
   std::transform(f.begin(), f.end(), out.begin(), core::float_to_bf16_bits);
   return out;

@@ -15,6 +15,28 @@
 
 namespace gpulab::llm {
 
+// A range of a tensor along one dimension: rows (dim 0) or columns (dim 1) of a 2-D tensor, or
+// elements of a 1-D one (dim 0). count < 0: from begin to the end. The default is the whole.
+struct TensorSlice {
+  int dim = 0;
+  int64_t begin = 0;
+  int64_t count = -1;
+};
+
+// Where a slice lies in its whole (row-major) tensor: run i is `length` consecutive elements
+// from element first + i · stride, and fills the slice from element i · length. A row range is
+// one run, a column range one run per row.
+struct SliceRuns {
+  std::vector<int64_t> shape;  // of the slice
+  int64_t runs = 1, length = 0, first = 0, stride = 0;
+
+  int64_t numel() const { return runs * length; }
+  template <class F>
+  void for_each(F&& fn) const {  // fn(first element in the tensor, first in the slice, length)
+    for (int64_t i = 0; i < runs; ++i) fn(first + i * stride, i * length, length);
+  }
+};
+
 class WeightSource {
  public:
   // Reads `dir`/config.json (+ generation_config.json) and the safetensors in `dir`; throws
@@ -28,10 +50,13 @@ class WeightSource {
   uint64_t seed() const { return seed_; }
   const WeightSpec& spec(const std::string& name) const;
 
-  // The named tensor converted to float32, or to bf16 bits; numel = product of its shape.
+  // Where `slice` of the named tensor lies; throws core::Error when it lies outside the tensor.
+  SliceRuns slice_runs(const std::string& name, const TensorSlice& slice = {}) const;
+  // `slice` of the named tensor (row-major, slice_runs(…).numel() elements) converted to
+  // float32, or to bf16 bits. Read straight from the mapped file: only the slice is copied.
   // fp8 tensors come back dequantized (scale · value).
-  std::vector<float> load_f32(const std::string& name) const;
-  std::vector<uint16_t> load_bf16(const std::string& name) const;
+  std::vector<float> load_f32(const std::string& name, const TensorSlice& slice = {}) const;
+  std::vector<uint16_t> load_bf16(const std::string& name, const TensorSlice& slice = {}) const;
 
   // fp8 checkpoints (compressed-tensors / FBGEMM style): a tensor stored as F8_E4M3 comes with
   // `<name>_scale` (fp32/bf16/fp16) holding one value (per tensor: shape [] or [1]) or one per

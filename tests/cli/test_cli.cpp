@@ -317,6 +317,15 @@ TEST(Cli, GenerateBadInputsExit2) {
   EXPECT_EQ(run("generate" + model + " --ids 1,9999").exit_code, 2);             // outside the vocabulary
   EXPECT_EQ(run("generate" + model + " --ids 1 --max-tokens 600").exit_code, 2);  // beyond 512 positions
   EXPECT_EQ(run("generate --dummy-weights --config llama2-7b --prompt hi").exit_code, 2);  // text needs a tokenizer
+  EXPECT_EQ(run("generate" + model + " --ids 1 --tp 2").exit_code, 2);           // tensor parallel needs cuda
+  EXPECT_EQ(run("generate" + model + " --ids 1 --tp 0").exit_code, 2);
+}
+
+TEST(Cli, GenerateTpAboveTheVisibleGpusExits2) {
+  GPULAB_REQUIRE_GPU();
+  const CliRun r = run("generate --model " + kData + "/llama_tiny --ids 1,2 --tp 1024");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("visible"), std::string::npos) << r.out;
 }
 
 // The JSON a command printed on stdout, after any log lines it wrote to stderr first (the

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/safetensors.h"
+#include "llm/config.h"
 
 namespace gpulab::llm::testing {
 
@@ -48,6 +50,46 @@ inline std::vector<FixtureCase> load_fixture_cases(const std::string& name) {
     cases.push_back(std::move(fc));
   }
   return cases;
+}
+
+// llama_tiny's config made a GQA model that exercises tensor parallelism: 8 heads over 2 KV
+// heads (replicated at TP 4 and 8), biases on q/k/v and o, tied embeddings, and a vocabulary of
+// 1003 that no TP size above 1 splits evenly.
+inline LlamaConfig gqa_test_config() {
+  LlamaConfig c = read_model_config(fixture_dir("llama_tiny"));
+  c.hidden_size = 256;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;
+  c.intermediate_size = 512;
+  c.vocab_size = 1003;
+  c.qkv_bias = true;
+  c.o_bias = true;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+// Writes llama_tiny's weights to `path` with every tensor converted to `dt` (fp32 or fp16).
+inline void write_converted_weights(const std::filesystem::path& path, core::DType dt) {
+  const core::SafetensorsFile orig(fixture_dir("llama_tiny") / "model.safetensors");
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<core::TensorToWrite> out;
+  for (const auto& t : orig.tensors()) {
+    const auto src = orig.data(t);
+    std::vector<uint8_t> bytes(t.numel() * core::dtype_size(dt));
+    for (uint64_t i = 0; i < t.numel(); ++i) {
+      const float v = static_cast<float>(core::load_as_double(src.data(), t.dtype, i));
+      if (dt == core::DType::f32) {
+        std::memcpy(bytes.data() + 4 * i, &v, 4);
+      } else {
+        const uint16_t h = core::float_to_f16_bits(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    }
+    storage.push_back(std::move(bytes));
+    out.push_back({t.name, dt, t.shape, storage.back()});
+  }
+  core::write_safetensors(path, out);
 }
 
 }  // namespace gpulab::llm::testing

@@ -116,27 +116,7 @@ class BrokenCheckpoint : public ::testing::Test {
   }
 
   // Rewrites model.safetensors with every tensor converted to `dt` (fp32 or fp16).
-  void convert_weights(core::DType dt) {
-    const core::SafetensorsFile orig(testing::fixture_dir("llama_tiny") / "model.safetensors");
-    std::vector<std::vector<uint8_t>> storage;
-    std::vector<core::TensorToWrite> out;
-    for (const auto& t : orig.tensors()) {
-      const auto src = orig.data(t);
-      std::vector<uint8_t> bytes(t.numel() * core::dtype_size(dt));
-      for (uint64_t i = 0; i < t.numel(); ++i) {
-        const float v = static_cast<float>(core::load_as_double(src.data(), t.dtype, i));
-        if (dt == core::DType::f32) {
-          std::memcpy(bytes.data() + 4 * i, &v, 4);
-        } else {
-          const uint16_t h = core::float_to_f16_bits(v);
-          std::memcpy(bytes.data() + 2 * i, &h, 2);
-        }
-      }
-      storage.push_back(std::move(bytes));
-      out.push_back({t.name, dt, t.shape, storage.back()});
-    }
-    core::write_safetensors(dir_ / "model.safetensors", out);
-  }
+  void convert_weights(core::DType dt) { testing::write_converted_weights(dir_ / "model.safetensors", dt); }
 
   void edit_config(const std::function<void(nlohmann::json&)>& edit) {
     std::ifstream in(dir_ / "config.json");
