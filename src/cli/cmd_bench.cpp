@@ -30,10 +30,10 @@ void add_bench_command(CLI::App& app, Runner& run) {
   sub->add_flag("--quick", opt->options.quick, "A short pass: few sizes and repetitions");
   sub->add_option("--json", opt->options.json_path, "Write every figure as result JSON to this file");
   sub->add_option("--html", opt->options.html_path, "Write a self-contained HTML report (roofline, per-suite charts) to this file");
-  sub->add_option("--only", opt->options.only, "gemm: run only these variants (row names without the size; unknown names list the valid ones)")
+  sub->add_option("--only", opt->options.only, "gemm: run only these variants, comma-separated (row names without the size; unknown names list the valid ones)")
       ->delimiter(',')
       ->allow_extra_args(false);  // one value (comma-separated) per use, so a suite name after it stays a suite
-  sub->add_option("--sizes", opt->options.sizes, "gemm: square sizes m = n = k instead of 512..16384")
+  sub->add_option("--sizes", opt->options.sizes, "gemm: square sizes m = n = k, comma-separated, instead of 512..16384")
       ->delimiter(',')
       ->allow_extra_args(false);
   sub->add_option("--device", opt->options.device, "CUDA device index for single-GPU suites")->capture_default_str();

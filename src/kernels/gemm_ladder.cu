@@ -138,7 +138,7 @@ std::string gemm_step_size_rule(GemmStep s, int64_t m, int64_t n, int64_t k) {
     case GemmStep::naive:
     case GemmStep::smem_tiled: return "";
     case GemmStep::register_blocked: tm = kBm, tn = kBn, tk = kBk; break;
-    case GemmStep::mma_sync: tm = 128, tn = 256, tk = 32; break;
+    case GemmStep::mma_sync: tm = 128, tn = 256, tk = 64; break;
     case GemmStep::wgmma: tm = 128, tn = 256, tk = 64; break;
   }
   if (m % tm || n % tn || k % tk)

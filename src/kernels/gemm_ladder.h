@@ -29,7 +29,7 @@ bool gemm_step_supports(GemmStep s, core::DType input);
 // "" when (m, n, k) is fine for the step, else what the step needs.
 std::string gemm_step_size_rule(GemmStep s, int64_t m, int64_t n, int64_t k);
 // Whether the step can run on the current device with this build (wgmma needs sm_90a code and
-// a compute capability 9.0 device; mma_sync needs 106 KiB of shared memory per block, which
+// a compute capability 9.0 device; mma_sync needs 153 KiB of shared memory per block, which
 // H100/H200, A100 and B200 allow and consumer GPUs (≤ 99 KiB) do not).
 bool gemm_step_available(GemmStep s);
 // Whether the step takes B stored n×k instead of k×n.

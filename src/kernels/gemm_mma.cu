@@ -1,6 +1,6 @@
 // GEMM ladder step 4: tensor cores through warp-level mma.sync (m16n8k16, fp16/bf16 in, fp32
-// accumulate). A 128×256×32 block tile, 8 warps (2×4) of 64×64 each; tiles arrive by cp.async
-// in a 4-stage pipeline and reach registers by ldmatrix (B transposed on the way, since B is k×n
+// accumulate). A 128×256×64 block tile, 8 warps (2×4) of 64×64 each; tiles arrive by cp.async
+// in a 3-stage pipeline and reach registers by ldmatrix (B transposed on the way, since B is k×n
 // row-major and mma wants it column-major). Rows are padded by 16 bytes so ldmatrix's eight
 // 16-byte row reads, and the cp.async writes, hit distinct bank groups (a swizzle would save the
 // 8 % of shared memory the padding costs, but shared memory does not limit occupancy here).
@@ -13,7 +13,9 @@
 // at each k-tile: 37 % of cuBLASLt). So the loop is software-pipelined:
 // - fragments are double-buffered: the ldmatrix for k-step s+1 (the next tile's first step at the
 //   end of a tile) are issued before the mma of step s, so mma never waits on shared memory;
-// - the one __syncthreads per k-tile sits before the last k-step, between two runs of 32 mma;
+// - the one __syncthreads per k-tile sits before the last of its 4 k-steps, between two runs of
+//   32 mma (a 64-deep tile, as cuBLAS's own sm80 kernels of this size use, halves the barriers
+//   of a 32-deep one);
 // - copy addresses are computed once; each k-tile only advances two pointers.
 // Blocks are rasterised in groups of 8 block rows, so the blocks running at once share B panels
 // in L2 instead of each wave streaming all of B from HBM.
@@ -30,11 +32,11 @@ namespace gpulab::kernels {
 
 namespace {
 
-constexpr int kBm = 128, kBn = 256, kBk = 32, kStages = 4, kThreads = 256, kGroupM = 8;
+constexpr int kBm = 128, kBn = 256, kBk = 64, kStages = 3, kThreads = 256, kGroupM = 8;
 constexpr int kWarpM = 64, kWarpN = 64, kWarpsN = kBn / kWarpN;
 constexpr int kMi = kWarpM / 16, kNi = kWarpN / 16;  // ldmatrix.x4 per k-step: A 16×16 and B 16×16 pieces
 constexpr int kKSteps = kBk / 16;
-constexpr int kAStride = kBk + 8;  // elements per A row in shared memory (80 bytes)
+constexpr int kAStride = kBk + 8;  // elements per A row in shared memory (144 bytes)
 constexpr int kBStride = kBn + 8;  // elements per B row (528 bytes)
 constexpr int kAStageBytes = kBm * kAStride * 2, kBStageBytes = kBk * kBStride * 2;
 constexpr size_t kSmemBytes = size_t(kStages) * (kAStageBytes + kBStageBytes);

@@ -44,6 +44,7 @@ TEST(GemmLadder, SizeRulesNameTheTile) {
   EXPECT_NE(gemm_step_size_rule(GemmStep::register_blocked, 100, 128, 8).find("multiple of 128"), std::string::npos);
   EXPECT_NE(gemm_step_size_rule(GemmStep::mma_sync, 128, 256, 40), "");
   EXPECT_NE(gemm_step_size_rule(GemmStep::mma_sync, 128, 128, 32).find("n of 256"), std::string::npos);
+  EXPECT_NE(gemm_step_size_rule(GemmStep::mma_sync, 128, 256, 32).find("k of 64"), std::string::npos);
   EXPECT_EQ(gemm_step_size_rule(GemmStep::mma_sync, 128, 256, 64), "");
   EXPECT_EQ(gemm_step_size_rule(GemmStep::wgmma, 128, 256, 64), "");
   EXPECT_NE(gemm_step_size_rule(GemmStep::wgmma, 128, 128, 64), "");

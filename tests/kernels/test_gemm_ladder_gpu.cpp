@@ -92,13 +92,13 @@ TEST(GemmLadderGpu, RegisterBlockedTileMultiples) {
   check_step(GemmStep::register_blocked, core::DType::f32, {{128, 128, 8}, {256, 384, 264}, {512, 256, 1000}});
 }
 
-// mma_sync (128×256×32 block tiles, a 4-stage ring, fragments loaded one k-step ahead, blocks
-// rastered in groups of 8 block rows): k = 32 is one k-tile (the prologue fills fewer stages than
-// it has), 96 exactly the prologue's 3, 128 the whole ring; 1024 and 4096 wrap the ring many
+// mma_sync (128×256×64 block tiles, a 3-stage ring, fragments loaded one k-step ahead, blocks
+// rastered in groups of 8 block rows): k = 64 is one k-tile (the prologue fills fewer stages than
+// it has), 128 exactly the prologue's 2, 192 the whole ring; 1024 and 4096 wrap the ring many
 // times. 1408 = 11 block rows is a full raster group and a partial one of 3; 2176 = 17 rows two
 // full groups and one of a single row; 384×768 is a 3×3 grid.
 const std::initializer_list<std::tuple<int, int, int>> kMmaSizes = {
-    {128, 256, 32}, {256, 512, 96}, {256, 512, 128}, {384, 768, 1024}, {1408, 768, 160}, {2176, 512, 64}, {256, 256, 4096}};
+    {128, 256, 64}, {256, 512, 128}, {256, 512, 192}, {384, 768, 1024}, {1408, 768, 320}, {2176, 512, 64}, {256, 256, 4096}};
 
 TEST(GemmLadderGpu, MmaSyncBf16) {
   GPULAB_REQUIRE_GPU();
