@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -15,11 +16,13 @@ namespace {
 // TurboJPEG on CPU threads into pinned staging, then one upload per image.
 class CpuBatchDecoder : public BatchDecoder {
  public:
-  explicit CpuBatchDecoder(int threads) : threads_(std::max(1, threads)) {}
-  std::string name() const override { return "TurboJPEG (CPU) + upload"; }
+  CpuBatchDecoder(int threads, std::string note) : threads_(std::max(1, threads)), note_(std::move(note)) {}
+  std::string name() const override { return "TurboJPEG (CPU) + upload" + note_; }
+  DecodeStats stats() const override { return {0, 0, decoded_}; }
 
   std::vector<char> decode(std::span<const EncodedJpeg> images, std::span<uint8_t* const> dst,
                            cudaStream_t stream) override {
+    decoded_ += int64_t(images.size());
     std::vector<size_t> offset(images.size() + 1, 0);
     for (size_t i = 0; i < images.size(); ++i)
       offset[i + 1] = offset[i] + size_t(images[i].width) * images[i].height * 3;
@@ -45,6 +48,8 @@ class CpuBatchDecoder : public BatchDecoder {
 
  private:
   int threads_;
+  std::string note_;
+  int64_t decoded_ = 0;
   core::PinnedBuffer<uint8_t> staging_;
 };
 
@@ -58,11 +63,12 @@ bool nvjpeg_built() {
 #endif
 }
 
-std::unique_ptr<BatchDecoder> make_cpu_batch_decoder(int threads) { return std::make_unique<CpuBatchDecoder>(threads); }
+std::unique_ptr<BatchDecoder> make_cpu_batch_decoder(int threads) { return std::make_unique<CpuBatchDecoder>(threads, ""); }
 
 std::unique_ptr<BatchDecoder> make_batch_decoder(DecodeBackend backend, int threads) {
-  if (backend == DecodeBackend::cpu || (backend == DecodeBackend::automatic && !nvjpeg_built()))
-    return make_cpu_batch_decoder(threads);
+  if (backend == DecodeBackend::cpu) return make_cpu_batch_decoder(threads);
+  if (backend == DecodeBackend::automatic && !nvjpeg_built())
+    return std::make_unique<CpuBatchDecoder>(threads, " (nvJPEG not found at build time)");
 #ifdef GPULAB_HAVE_NVJPEG
   return make_nvjpeg_batch_decoder(threads);
 #else

@@ -19,6 +19,12 @@ struct EncodedJpeg {
   int width = 0, height = 0;
 };
 
+struct DecodeStats {
+  int64_t hardware = 0;  // nvJPEG on the GPU's JPEG engines
+  int64_t gpu_hybrid = 0;  // nvJPEG's CUDA backend
+  int64_t cpu = 0;         // TurboJPEG: the CPU decoder, or nvJPEG's fallback for what it cannot take
+};
+
 class BatchDecoder {
  public:
   virtual ~BatchDecoder() = default;
@@ -29,9 +35,8 @@ class BatchDecoder {
   // decoded, 0 per image that did not (its dst is then undefined); never throws for bad data.
   virtual std::vector<char> decode(std::span<const EncodedJpeg> images, std::span<uint8_t* const> dst,
                                    cudaStream_t stream) = 0;
-  // Images the GPU decoder could not take (e.g. CMYK, progressive on the hardware engines) and
-  // decoded on the CPU instead.
-  virtual int64_t cpu_fallbacks() const { return 0; }
+  // Images handed to decode() so far, by the path that decoded (or tried last to decode) them.
+  virtual DecodeStats stats() const = 0;
 };
 
 enum class DecodeBackend {

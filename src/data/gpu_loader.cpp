@@ -109,7 +109,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
   while (!pending.empty()) {
     for (size_t i : pending) {
       offset[i] = used;
-      used += size_t(size[i].width) * size[i].height * 3;
+      used += (size_t(size[i].width) * size[i].height * 3 + 255) / 256 * 256;  // aligned starts for the decoders
     }
     uint8_t* area = decode_area(used, offset[pending.front()]);
     std::vector<EncodedJpeg> jpegs;
@@ -129,7 +129,10 @@ void GpuLoader::build(int64_t b, Slot& slot) {
     parallel_for(int64_t(failed.size()), opt_.threads, [&](int64_t k) { read(int64_t(failed[size_t(k)])); });
     pending = std::move(failed);
   }
-  cpu_fallbacks_ = decoder_->cpu_fallbacks();
+  {
+    std::lock_guard lock(mutex_);
+    decode_stats_ = decoder_->stats();
+  }
 
   // The same draws as the CPU loader: generator of the slot's position, dimensions of the file used.
   int skipped = 0;
@@ -211,6 +214,11 @@ const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
 int64_t GpuLoader::skipped_total() const {
   std::lock_guard lock(mutex_);
   return skipped_total_;
+}
+
+DecodeStats GpuLoader::decode_stats() const {
+  std::lock_guard lock(mutex_);
+  return decode_stats_;
 }
 
 std::vector<std::string> GpuLoader::corrupt_files() const {

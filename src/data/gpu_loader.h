@@ -6,7 +6,6 @@
 // A corrupt file is skipped (the next file of the epoch's order takes its place) and counted.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -58,7 +57,7 @@ class GpuLoader {
   int64_t skipped_total() const;  // corrupt files skipped in the batches handed out so far
   std::vector<std::string> corrupt_files() const;
   std::string decoder_name() const { return decoder_name_; }
-  int64_t cpu_fallbacks() const { return cpu_fallbacks_; }  // images the GPU decoder passed to the CPU
+  DecodeStats decode_stats() const;
 
  private:
   struct Slot;
@@ -72,7 +71,6 @@ class GpuLoader {
   int device_ = 0;
   std::unique_ptr<BatchDecoder> decoder_;
   std::string decoder_name_;
-  std::atomic<int64_t> cpu_fallbacks_{0};
 
   // Producer-only state: the loader stream, decode area, and the current epoch's order.
   core::Stream stream_;
@@ -90,6 +88,7 @@ class GpuLoader {
   std::exception_ptr error_;
   int64_t skipped_total_ = 0;
   std::set<std::string> corrupt_;
+  DecodeStats decode_stats_;
   std::thread thread_;
 };
 

@@ -98,7 +98,7 @@ class NvjpegBatchDecoder : public BatchDecoder {
   std::string name() const override {
     return has_hardware_ ? "nvJPEG hardware decoder" : "nvJPEG GPU hybrid (no hardware JPEG decoder on this GPU)";
   }
-  int64_t cpu_fallbacks() const override { return cpu_fallbacks_; }
+  DecodeStats stats() const override { return stats_; }
 
   std::vector<char> decode(std::span<const EncodedJpeg> images, std::span<uint8_t* const> dst,
                            cudaStream_t stream) override {
@@ -113,11 +113,13 @@ class NvjpegBatchDecoder : public BatchDecoder {
       else if (supported(hybrid_)) to_hybrid.push_back(i);
       else to_cpu.push_back(i);
     }
-    if (!hardware_.decode(images, dst, to_hardware, stream)) to_hybrid.insert(to_hybrid.end(), to_hardware.begin(), to_hardware.end());
-    if (!hybrid_.decode(images, dst, to_hybrid, stream)) to_cpu.insert(to_cpu.end(), to_hybrid.begin(), to_hybrid.end());
+    if (hardware_.decode(images, dst, to_hardware, stream)) stats_.hardware += int64_t(to_hardware.size());
+    else to_hybrid.insert(to_hybrid.end(), to_hardware.begin(), to_hardware.end());
+    if (hybrid_.decode(images, dst, to_hybrid, stream)) stats_.gpu_hybrid += int64_t(to_hybrid.size());
+    else to_cpu.insert(to_cpu.end(), to_hybrid.begin(), to_hybrid.end());
     std::vector<char> ok(images.size(), 1);
     if (to_cpu.empty()) return ok;
-    cpu_fallbacks_ += int64_t(to_cpu.size());
+    stats_.cpu += int64_t(to_cpu.size());
     std::vector<EncodedJpeg> sub;
     std::vector<uint8_t*> sub_dst;
     for (size_t i : to_cpu) {
@@ -139,7 +141,7 @@ class NvjpegBatchDecoder : public BatchDecoder {
   Backend hardware_, hybrid_;
   bool has_hardware_ = false;
   nvjpegJpegStream_t parsed_ = nullptr;
-  int64_t cpu_fallbacks_ = 0;
+  DecodeStats stats_;
 };
 
 }  // namespace

@@ -155,6 +155,9 @@ TEST(BatchDecoder, BuildReportsWhetherNvjpegIsAvailable) {
   } catch (const gpulab::core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("nvJPEG not found at build time"), std::string::npos) << e.what();
   }
+  // The GPU pipeline's default then decodes on the CPU and says why.
+  EXPECT_EQ(make_batch_decoder(DecodeBackend::automatic, 1)->name(),
+            "TurboJPEG (CPU) + upload (nvJPEG not found at build time)");
 #endif
   EXPECT_EQ(make_batch_decoder(DecodeBackend::cpu, 2)->name(), "TurboJPEG (CPU) + upload");
 }

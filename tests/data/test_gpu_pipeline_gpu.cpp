@@ -216,7 +216,11 @@ TEST(GpuLoader, NvjpegDecodeIsCloseToTurboJpeg) {
   core::Stream stream;
   const std::vector<char> ok = decoder->decode(jpegs, dst, stream);
   stream.synchronize();
-  EXPECT_EQ(decoder->cpu_fallbacks(), 0) << "baseline 4:2:0 JPEGs should all decode on the GPU";
+  const DecodeStats st = decoder->stats();
+  std::cout << "decoded: hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
+  EXPECT_EQ(st.cpu, 0) << "baseline 4:2:0 JPEGs should all decode on the GPU";
+  if (decoder->name().find("hardware") != std::string::npos)
+    EXPECT_EQ(st.hardware, int64_t(files.size())) << "the hardware engines should take baseline JPEGs";
   std::vector<uint8_t> got(out.size());
   GPULAB_CHECK(cudaMemcpy(got.data(), out.get(), got.size(), cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < files.size(); ++i) {
@@ -400,8 +404,9 @@ TEST(GpuLoader, GarbledScanDataNeverCrashes) {
       const GpuBatch& got = gpu.next(stream);
       for (float v : device_floats(got.images, size_t(lo.batch) * 16 * 16 * 3, core::DType::f32)) ASSERT_TRUE(std::isfinite(v));
     }
+    const DecodeStats st = gpu.decode_stats();
     std::cout << gpu.decoder_name() << ": skipped " << gpu.skipped_total() << " (CPU loader " << cpu_skipped
-              << "), CPU fallbacks " << gpu.cpu_fallbacks() << "\n";
+              << "); decoded by hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
     if (backend == DecodeBackend::cpu) EXPECT_EQ(gpu.skipped_total(), cpu_skipped);
     EXPECT_GE(cpu_skipped, 1);
   }
