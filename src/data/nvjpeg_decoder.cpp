@@ -41,6 +41,9 @@ struct Backend {
   nvjpegJpegState_t state = nullptr;
   int batch = -1;
 
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
   // Chroma upsampling with interpolation is closer to libjpeg's "fancy" upsampling; backends
   // that do not offer it are created without.
   bool create(nvjpegBackend_t backend) {
@@ -89,7 +92,7 @@ class NvjpegBatchDecoder : public BatchDecoder {
   explicit NvjpegBatchDecoder(int threads) : cpu_(make_cpu_batch_decoder(threads)) {
     has_hardware_ = hardware_.create(NVJPEG_BACKEND_HARDWARE);
     if (!hybrid_.create(NVJPEG_BACKEND_GPU_HYBRID)) throw core::Error("nvJPEG: cannot create the GPU-hybrid backend");
-    check(nvjpegJpegStreamCreate(hybrid_.handle, &parsed_), "creating a stream parser");
+    check(nvjpegJpegStreamCreate(primary().handle, &parsed_), "creating a stream parser");
   }
   ~NvjpegBatchDecoder() override {
     if (parsed_) nvjpegJpegStreamDestroy(parsed_);
@@ -105,13 +108,12 @@ class NvjpegBatchDecoder : public BatchDecoder {
     std::vector<size_t> to_hardware, to_hybrid, to_cpu;
     for (size_t i = 0; i < images.size(); ++i) {
       const auto& b = images[i].bytes;
-      if (nvjpegJpegStreamParseHeader(hybrid_.handle, b.data(), b.size(), parsed_) != NVJPEG_STATUS_SUCCESS) {
+      // Parsed and checked by the handle that decodes it (as NVIDIA's samples do); what the
+      // hardware refuses goes to the hybrid backend, and only its failures to the CPU.
+      if (nvjpegJpegStreamParseHeader(primary().handle, b.data(), b.size(), parsed_) != NVJPEG_STATUS_SUCCESS)
         to_cpu.push_back(i);  // TurboJPEG decides whether it is corrupt
-        continue;
-      }
-      if (has_hardware_ && supported(hardware_)) to_hardware.push_back(i);
-      else if (supported(hybrid_)) to_hybrid.push_back(i);
-      else to_cpu.push_back(i);
+      else if (!supported(primary())) (has_hardware_ ? to_hybrid : to_cpu).push_back(i);
+      else (has_hardware_ ? to_hardware : to_hybrid).push_back(i);
     }
     if (hardware_.decode(images, dst, to_hardware, stream)) stats_.hardware += int64_t(to_hardware.size());
     else to_hybrid.insert(to_hybrid.end(), to_hardware.begin(), to_hardware.end());
@@ -132,6 +134,7 @@ class NvjpegBatchDecoder : public BatchDecoder {
   }
 
  private:
+  Backend& primary() { return has_hardware_ ? hardware_ : hybrid_; }
   bool supported(const Backend& b) const {
     int unsupported = 1;  // nvJPEG sets 0 when the backend can decode the parsed stream
     return nvjpegDecodeBatchedSupported(b.handle, parsed_, &unsupported) == NVJPEG_STATUS_SUCCESS && unsupported == 0;
