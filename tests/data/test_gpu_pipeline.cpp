@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 
 #include "data/gpu_augment.h"
 #include "data/gpu_decode.h"
@@ -104,6 +106,47 @@ TEST(ResizeJob, TrainAndEvalJobsDescribeTheCpuTransforms) {
   bad = e;
   bad.left = 118;  // 118 + 224 > 341
   EXPECT_THROW(check_job(bad, 224), gpulab::core::InputError);
+}
+
+TEST(ResizeJob, KernelPixelFormulaMatchesResizedCropOnTheHost) {
+  // resize_pixel is the kernel's body: on the host it must reproduce resized_crop (train: the
+  // drawn box, mirrored; eval: the resized image's centre window) element for element.
+  Rng rng(17);
+  AugmentSpec spec;
+  for (const auto& [w, h, size] : std::vector<std::tuple<int, int, int>>{{500, 375, 224}, {61, 97, 37}, {300, 40, 32}}) {
+    const Image img = noise_image(w, h, uint64_t(w * h));
+    spec.size = size;
+    for (int trial = 0; trial < 4; ++trial) {
+      const TrainDraw d{draw_train(w, h, rng, spec).box, trial % 2 == 1};
+      const bool eval = trial == 3;
+      const ResizeJob job = eval ? eval_job(img.rgb.data(), w, h, size) : train_job(img.rgb.data(), w, h, d, size);
+      check_job(job, size);
+      std::vector<float> want;
+      if (eval) {
+        const EvalGeometry g = eval_geometry(w, h, size);
+        const std::vector<float> full = resized_crop(img, {0, 0, h, w}, g.resize_w, g.resize_h);
+        for (int y = 0; y < size; ++y)
+          for (int x = 0; x < size; ++x)
+            for (int c = 0; c < 3; ++c) want.push_back(full[(size_t(g.top + y) * g.resize_w + g.left + x) * 3 + c]);
+      } else {
+        const std::vector<float> crop = resized_crop(img, d.box, size, size);
+        for (int y = 0; y < size; ++y)
+          for (int x = 0; x < size; ++x)
+            for (int c = 0; c < 3; ++c) want.push_back(crop[(size_t(y) * size + (d.flip ? size - 1 - x : x)) * 3 + c]);
+      }
+      int64_t bad = 0;
+      for (int y = 0; y < size; ++y)
+        for (int x = 0; x < size; ++x) {
+          float rgb[3];
+          resize_pixel(job, size, x, y, rgb);
+          for (int c = 0; c < 3; ++c)
+            if (std::abs(rgb[c] - want[(size_t(y) * size + x) * 3 + c]) > 1e-3f && ++bad <= 3)
+              ADD_FAILURE() << w << "x" << h << " trial " << trial << " pixel (" << x << ", " << y << ") channel " << c
+                            << ": " << rgb[c] << " vs " << want[(size_t(y) * size + x) * 3 + c];
+        }
+      EXPECT_EQ(bad, 0) << w << "x" << h << " trial " << trial;
+    }
+  }
 }
 
 TEST(JpegHeader, SizeWithoutDecoding) {
