@@ -4,7 +4,7 @@
 #   scripts/pipeline_story.sh [--gpulab PATH] [--data DIR] [--classes C] [--images N]
 #                             [--steps S] [--batch B] [--precision P] [--threads T]
 # 1. makes an ImageNet-layout JPEG folder with `gpulab dataset make` (~500x375, C x N images, enough
-#    for S steps of batch B), unless DIR already holds one;
+#    for S steps of batch B; `shapes` allows at most 48 classes), unless DIR already holds one;
 # 2. runs `gpulab diagnose -- gpulab train --data DIR --pipeline cpu|gpu` and prints, per pipeline,
 #    img/s, GPU busy time (CUPTI) and NVML utilization, and the top finding (cpu: host_starved expected);
 # 3. tracing overhead: `gpulab train --synthetic` img/s alone and under `gpulab diagnose` (bar: <= 5 %).
@@ -15,7 +15,7 @@ out=${OUT:-/tmp/gpulab-out}
 mkdir -p "$out"
 gpulab=build-device/src/cli/gpulab
 data=/tmp/gpulab-story-data
-classes=100 images=260 steps=100 batch=256 precision=fp16 threads=$(nproc)
+classes=40 images=660 steps=100 batch=256 precision=fp16 threads=$(nproc)
 while (($#)); do
   case $1 in
     --gpulab) gpulab=$2; shift 2 ;;

@@ -187,6 +187,16 @@ TEST(JpegHeader, ThumbnailMarkersDoNotHideATruncatedMainImage) {
   EXPECT_THROW(decode_jpeg(cut, "cut"), CorruptImageError);
 }
 
+TEST(JpegHeader, GarbledScanDataPassesTheHeaderCheckButNotTurboJpeg) {
+  // What only a decoder finds (the premise of GpuLoader.GarbledScanDataNeverCrashes).
+  std::vector<uint8_t> bytes = encode_jpeg(noise_image(160, 120, 6));
+  Rng rng(3);
+  for (size_t i = bytes.size() / 2; i < bytes.size() * 3 / 4; ++i) bytes[i] = uint8_t(rng.next() % 0xFF);
+  const JpegSize s = read_jpeg_header(bytes, "garbled");
+  EXPECT_EQ(s.width, 160);
+  EXPECT_THROW(decode_jpeg(bytes, "garbled"), CorruptImageError);
+}
+
 TEST(BatchDecoder, BuildReportsWhetherNvjpegIsAvailable) {
 #ifdef GPULAB_HAVE_NVJPEG
   EXPECT_TRUE(nvjpeg_built());
