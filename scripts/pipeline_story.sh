@@ -2,12 +2,13 @@
 # The seed story of issue #6, measured on the GPU machine (from the repository root, after a build
 # such as scripts/device.sh, whose build-device/ picks up nvJPEG from the CUDA toolkit):
 #   scripts/pipeline_story.sh [--gpulab PATH] [--data DIR] [--classes C] [--images N]
-#                             [--steps S] [--batch B] [--precision P] [--threads T]
+#                             [--steps S] [--batch B] [--precision P] [--threads T] [--repeat R]
 # 1. makes an ImageNet-layout JPEG folder with `gpulab dataset make` (~500x375, C x N images, enough
 #    for S steps of batch B; `shapes` allows at most 48 classes), unless DIR already holds one;
 # 2. runs `gpulab diagnose -- gpulab train --data DIR --pipeline cpu|gpu` and prints, per pipeline,
 #    img/s, GPU busy time (CUPTI) and NVML utilization, and the top finding (cpu: host_starved expected);
-# 3. tracing overhead: `gpulab train --synthetic` img/s alone and under `gpulab diagnose` (bar: <= 5 %).
+# 3. tracing overhead: `gpulab train --synthetic` img/s alone and under `gpulab diagnose`, R times
+#    each, alternating; best of R against best of R (bar: <= 5 %).
 # Writes $OUT/pipeline_story.json, the diagnose reports and every log to $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ out=${OUT:-/tmp/gpulab-out}
 mkdir -p "$out"
 gpulab=build-device/src/cli/gpulab
 data=/tmp/gpulab-story-data
-classes=40 images=660 steps=100 batch=256 precision=fp16 threads=$(nproc)
+classes=40 images=660 steps=100 batch=256 precision=fp16 threads=$(nproc) repeat=2
 while (($#)); do
   case $1 in
     --gpulab) gpulab=$2; shift 2 ;;
@@ -26,6 +27,7 @@ while (($#)); do
     --batch) batch=$2; shift 2 ;;
     --precision) precision=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     *) echo "pipeline_story.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -49,17 +51,19 @@ for pipeline in cpu gpu; do
     2>&1 | tee "$out/story_$pipeline.log" || echo "pipeline_story.sh: the $pipeline run failed (see story_$pipeline.log)"
 done
 
-echo "== tracing overhead: train --synthetic, alone then under diagnose"
-"$gpulab" train --synthetic "${train_args[@]}" --json "$out/story_synthetic_plain.json" 2>&1 |
-  tee "$out/story_synthetic_plain.log" || echo "pipeline_story.sh: the plain synthetic run failed"
-"$gpulab" diagnose --json "$out/story_diagnose_synthetic.json" --out "$out/story_trace_synthetic" -- \
-  "$gpulab" train --synthetic "${train_args[@]}" --json "$out/story_synthetic_traced.json" \
-  2>&1 | tee "$out/story_synthetic_traced.log" || echo "pipeline_story.sh: the traced synthetic run failed"
+echo "== tracing overhead: train --synthetic, alone then under diagnose, $repeat times"
+for ((r = 1; r <= repeat; r++)); do
+  "$gpulab" train --synthetic "${train_args[@]}" --json "$out/story_synthetic_plain_$r.json" 2>&1 |
+    tee "$out/story_synthetic_plain_$r.log" || echo "pipeline_story.sh: plain synthetic run $r failed"
+  "$gpulab" diagnose --json "$out/story_diagnose_synthetic_$r.json" --out "$out/story_trace_synthetic" -- \
+    "$gpulab" train --synthetic "${train_args[@]}" --json "$out/story_synthetic_traced_$r.json" \
+    2>&1 | tee "$out/story_synthetic_traced_$r.log" || echo "pipeline_story.sh: traced synthetic run $r failed"
+done
 rm -rf "$out"/story_trace_*  # the Perfetto traces are large; the JSON reports keep the findings
 
-python3 - "$out" <<'EOF'
+python3 - "$out" "$repeat" <<'EOF'
 import json, sys
-out = sys.argv[1]
+out, repeat = sys.argv[1], int(sys.argv[2])
 
 def load(name):
     try:
@@ -93,10 +97,12 @@ for pipeline in ("cpu", "gpu"):
         "host_starved": any(f["rule"] == "host_starved" for f in findings),
     }
     story["runs"].append(run)
-plain = train_result("story_synthetic_plain.json")["value"]
-traced = train_result("story_synthetic_traced.json")["value"]
+plains = [train_result(f"story_synthetic_plain_{r}.json")["value"] for r in range(1, repeat + 1)]
+traceds = [train_result(f"story_synthetic_traced_{r}.json")["value"] for r in range(1, repeat + 1)]
+plain, traced = max(plains), max(traceds)
 overhead = 100.0 * (plain - traced) / plain if plain > 0 else None
 story["tracing_overhead"] = {"plain_images_per_second": plain, "traced_images_per_second": traced,
+                             "plain_runs": plains, "traced_runs": traceds, "method": f"best of {repeat} each",
                              "overhead_percent": overhead, "bar_percent": 5.0,
                              "pass": overhead is not None and overhead <= 5.0}
 cpu, gpu = story["runs"]
