@@ -4,6 +4,7 @@
 // call that fails (corrupt data) is retried one level down, so a bad file costs time, never a crash.
 #include <nvjpeg.h>
 
+#include <initializer_list>
 #include <memory>
 
 
@@ -44,10 +45,9 @@ struct Backend {
   Backend() = default;
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
-  // Chroma upsampling with interpolation is closer to libjpeg's "fancy" upsampling; backends
-  // that do not offer it are created without.
-  bool create(nvjpegBackend_t backend) {
-    for (unsigned flags : {unsigned(NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION), unsigned(NVJPEG_FLAGS_DEFAULT)})
+  // Tries each flag set in turn; false when the backend is not available (e.g. no JPEG engines).
+  bool create(nvjpegBackend_t backend, std::initializer_list<unsigned> flag_sets) {
+    for (unsigned flags : flag_sets)
       if (nvjpegCreateEx(backend, nullptr, nullptr, flags, &handle) == NVJPEG_STATUS_SUCCESS) {
         check(nvjpegJpegStateCreate(handle, &state), "creating a decode state");
         return true;
@@ -90,8 +90,11 @@ struct Backend {
 class NvjpegBatchDecoder : public BatchDecoder {
  public:
   explicit NvjpegBatchDecoder(int threads) : cpu_(make_cpu_batch_decoder(threads)) {
-    has_hardware_ = hardware_.create(NVJPEG_BACKEND_HARDWARE);
-    if (!hybrid_.create(NVJPEG_BACKEND_GPU_HYBRID)) throw core::Error("nvJPEG: cannot create the GPU-hybrid backend");
+    // The engines upsample chroma their own way. The CUDA backend can interpolate, closer to
+    // libjpeg's "fancy" upsampling; a library without that flag creates it plain.
+    has_hardware_ = hardware_.create(NVJPEG_BACKEND_HARDWARE, {NVJPEG_FLAGS_DEFAULT});
+    if (!hybrid_.create(NVJPEG_BACKEND_GPU_HYBRID, {NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, NVJPEG_FLAGS_DEFAULT}))
+      throw core::Error("nvJPEG: cannot create the GPU-hybrid backend");
     check(nvjpegJpegStreamCreate(primary().handle, &parsed_), "creating a stream parser");
   }
   ~NvjpegBatchDecoder() override {
