@@ -5,8 +5,10 @@
 #                             [--steps S] [--batch B] [--precision P] [--threads T] [--repeat R]
 # 1. makes an ImageNet-layout JPEG folder with `gpulab dataset make` (~500x375, C x N images, enough
 #    for S steps of batch B; `shapes` allows at most 48 classes), unless DIR already holds one;
-# 2. runs `gpulab diagnose -- gpulab train --data DIR --pipeline cpu|gpu` and prints, per pipeline,
-#    img/s, GPU busy time (CUPTI) and NVML utilization, and the top finding (cpu: host_starved expected);
+# 2. times each pipeline alone (`gpulab dataset load`), then runs
+#    `gpulab diagnose -- gpulab train --data DIR --pipeline cpu|gpu`; prints, per pipeline, img/s
+#    alone and in training, GPU busy % (CUPTI), NVML utilization and the top finding (cpu:
+#    host_starved expected);
 # 3. tracing overhead: `gpulab train --synthetic` img/s alone and under `gpulab diagnose`, R times
 #    each, alternating; best of R against best of R (bar: <= 5 %).
 # Writes $OUT/pipeline_story.json, the diagnose reports and every log to $OUT.
@@ -42,6 +44,13 @@ if [[ ! -d $data/train ]]; then
     --threads "$threads" 2>&1 | tee "$out/story_dataset_make.log"
   echo "pipeline_story.sh: dataset made in $(($(date +%s) - start)) s"
 fi
+
+# The pipelines alone (no model): the ceiling each puts on training.
+for pipeline in cpu gpu; do
+  "$gpulab" dataset load "$data" --pipeline "$pipeline" --batch "$batch" --batches 40 --threads "$threads" \
+    --json "$out/story_load_$pipeline.json" 2>&1 | tee "$out/story_load_$pipeline.log" ||
+    echo "pipeline_story.sh: dataset load --pipeline $pipeline failed"
+done
 
 train_args=(--precision "$precision" --batch "$batch" --steps "$steps" --threads "$threads" --seed 1)
 for pipeline in cpu gpu; do
@@ -95,6 +104,7 @@ for pipeline in ("cpu", "gpu"):
         "top_finding": {k: top[k] for k in ("rule", "severity", "time_lost_ms", "summary")} if top else None,
         "rules": [f["rule"] for f in findings],
         "host_starved": any(f["rule"] == "host_starved" for f in findings),
+        "pipeline_alone_images_per_second": train_result(f"story_load_{pipeline}.json")["value"],
     }
     story["runs"].append(run)
 plains = [train_result(f"story_synthetic_plain_{r}.json")["value"] for r in range(1, repeat + 1)]
@@ -112,13 +122,13 @@ with open(f"{out}/pipeline_story.json", "w") as f:
     json.dump(story, f, indent=2)
 
 print()
-print(f"{'pipeline':9} {'img/s':>9} {'GPU busy %':>11} {'NVML util %':>12}  top finding")
+print(f"{'pipeline':9} {'alone img/s':>11} {'train img/s':>11} {'GPU busy %':>11} {'NVML util %':>12}  top finding")
 for r in story["runs"]:
     top = r["top_finding"]
     desc = f"{top['rule']} ({top['severity']}, {top['time_lost_ms']:.0f} ms lost)" if top else "none"
     busy = r["gpu_busy_percent"]
     util = r["nvml_mean_gpu_util_percent"]
-    print(f"{r['pipeline']:9} {r['images_per_second']:9.1f} {busy if busy is not None else float('nan'):11.1f} "
+    print(f"{r['pipeline']:9} {r['pipeline_alone_images_per_second']:11.1f} {r['images_per_second']:11.1f} {busy if busy is not None else float('nan'):11.1f} "
           f"{util if util is not None else float('nan'):12.1f}  {desc}")
 print(f"gpu pipeline decoder: {gpu['decoder'] or '(none reported)'}")
 print(f"cpu pipeline host_starved: {cpu['host_starved']} (expected True); gpu pipeline host_starved: {gpu['host_starved']}")

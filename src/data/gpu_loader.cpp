@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "data/gpu_augment.h"
 #include "data/jpeg.h"
@@ -9,6 +10,17 @@
 #include "data/sampling.h"
 
 namespace gpulab::data {
+
+namespace {
+// The current device; a clear error, before any CUDA object is made, where there is none.
+int checked_device() {
+  if (const std::string why = core::why_no_device(); !why.empty())
+    throw core::NoDeviceError("the GPU input pipeline needs a CUDA device: " + why);
+  int device = 0;
+  GPULAB_CHECK(cudaGetDevice(&device));
+  return device;
+}
+}  // namespace
 
 struct GpuLoader::Slot {
   core::DeviceBuffer<std::byte> images;
@@ -22,12 +34,12 @@ struct GpuLoader::Slot {
   GpuBatch batch;
 };
 
-GpuLoader::GpuLoader(ImageFolder folder, GpuLoaderOptions opt) : folder_(std::move(folder)), opt_(std::move(opt)) {
+GpuLoader::GpuLoader(ImageFolder folder, GpuLoaderOptions opt)
+    : folder_(std::move(folder)), opt_(std::move(opt)), device_(checked_device()) {
   if (folder_.samples.empty()) throw core::InputError(folder_.root.string() + ": no images to load");
   if (opt_.batch < 1 || opt_.threads < 1 || opt_.prefetch < 1)
     throw core::InputError("GPU loader: batch, threads and prefetch must be positive");
   batches_per_epoch_ = data::batches_per_epoch(int64_t(folder_.samples.size()), opt_.batch, opt_.train);
-  GPULAB_CHECK(cudaGetDevice(&device_));
   decoder_ = make_batch_decoder(opt_.decode, opt_.threads);
   decoder_name_ = decoder_->name();
   const size_t image_elems = size_t(opt_.augment.size) * opt_.augment.size * 3;

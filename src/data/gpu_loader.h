@@ -68,7 +68,7 @@ class GpuLoader {
   ImageFolder folder_;
   GpuLoaderOptions opt_;
   int64_t batches_per_epoch_;
-  int device_ = 0;
+  int device_;  // before every CUDA member: checks for a device first
   std::unique_ptr<BatchDecoder> decoder_;
   std::string decoder_name_;
 

@@ -6,9 +6,12 @@
 #include <cmath>
 #include <tuple>
 
+#include "common/temp_dir.h"
+#include "data/dataset.h"
 #include "data/gpu_augment.h"
 #include "data/gpu_decode.h"
 #include "data/jpeg.h"
+#include "data/load_rate.h"
 #include "data/sampling.h"
 
 using namespace gpulab::data;
@@ -213,4 +216,29 @@ TEST(BatchDecoder, BuildReportsWhetherNvjpegIsAvailable) {
             "TurboJPEG (CPU) + upload (nvJPEG not found at build time)");
 #endif
   EXPECT_EQ(make_batch_decoder(DecodeBackend::cpu, 2)->name(), "TurboJPEG (CPU) + upload");
+}
+
+TEST(LoadRate, TimesTheCpuPipelineAlone) {
+  gpulab::testing::TempDir t("load_rate");
+  MakeOptions mo;
+  mo.classes = 2;
+  mo.train_images = 6;
+  mo.val_images = 1;
+  mo.width = 64;
+  mo.height = 48;
+  make_dataset(t.path, mo);
+  LoadRateOptions opt;
+  opt.pipeline = "cpu";
+  opt.batch = 4;
+  opt.batches = 5;  // crosses an epoch (3 batches of 4 in 12 images)
+  opt.warmup = 1;
+  opt.threads = 2;
+  opt.size = 16;
+  const LoadRate r = measure_load_rate(t.path, opt);
+  EXPECT_EQ(r.images, 20);
+  EXPECT_GT(r.seconds, 0);
+  EXPECT_NEAR(r.images_per_second, 20 / r.seconds, 1e-9);
+  EXPECT_TRUE(r.decoder.empty());
+  opt.pipeline = "tpu";
+  EXPECT_THROW(measure_load_rate(t.path, opt), gpulab::core::InputError);
 }

@@ -17,6 +17,7 @@
 #include "data/gpu_augment.h"
 #include "data/gpu_decode.h"
 #include "data/gpu_loader.h"
+#include "data/load_rate.h"
 #include "data/loader.h"
 
 using namespace gpulab;
@@ -409,5 +410,28 @@ TEST(GpuLoader, GarbledScanDataNeverCrashes) {
               << "); decoded by hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
     if (backend == DecodeBackend::cpu) EXPECT_EQ(gpu.skipped_total(), cpu_skipped);
     EXPECT_GE(cpu_skipped, 1);
+  }
+}
+
+TEST(GpuLoader, LoadRateOfBothPipelines) {
+  // Not a benchmark (no bar): the gpu pipeline delivers every batch and reports its decoder.
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_load_rate");
+  make_dataset(t.path, dataset_options(4, 32, 500, 375));
+  LoadRateOptions opt;
+  opt.batch = 32;
+  opt.batches = 8;
+  opt.threads = 4;
+  for (const char* pipeline : {"cpu", "gpu"}) {
+    opt.pipeline = pipeline;
+    const LoadRate r = measure_load_rate(t.path, opt);
+    std::cout << pipeline << " pipeline: " << r.images_per_second << " img/s " << r.decoder << "\n";
+    EXPECT_EQ(r.images, 256);
+    EXPECT_GT(r.images_per_second, 0);
+    if (std::string(pipeline) == "gpu") {
+      EXPECT_FALSE(r.decoder.empty());
+      // The loader runs up to `prefetch` batches ahead of the last one taken.
+      EXPECT_GE(r.decode.hardware + r.decode.gpu_hybrid + r.decode.cpu, int64_t(opt.batch) * (opt.batches + opt.warmup));
+    }
   }
 }
