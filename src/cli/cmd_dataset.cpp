@@ -111,16 +111,20 @@ int run_load(LoadCli& l) {
             << format_double(r.seconds, 2) << " s, batch " << l.opt.batch << ", " << l.opt.threads << " threads)\n";
   if (!r.decoder.empty())
     std::cout << "decoder: " << r.decoder << " (images by hardware " << r.decode.hardware << ", GPU hybrid "
-              << r.decode.gpu_hybrid << ", CPU " << r.decode.cpu << ")\n";
+              << r.decode.gpu_hybrid << ", CPU " << r.decode.cpu << ")\n"
+              << "loader thread per batch: " << format_double(r.build_ms, 2) << " ms, of which reading/checking files "
+              << format_double(r.read_ms, 2) << " ms, decode calls " << format_double(r.decode_ms, 2) << " ms\n";
   if (r.corrupt_skipped) std::cout << r.corrupt_skipped << " corrupt images skipped\n";
   if (!l.json_path.empty()) {
     core::ResultLog log(core::stamp_gpu(0));
     json params = {{"pipeline", l.opt.pipeline}, {"batch", l.opt.batch}, {"batches", l.opt.batches},
                    {"threads", l.opt.threads}, {"size", l.opt.size}, {"dtype", l.precision}, {"data", l.dir},
                    {"seconds", r.seconds}, {"corrupt_skipped", r.corrupt_skipped}};
-    if (!r.decoder.empty())
+    if (!r.decoder.empty()) {
       params["decoder"] = {{"name", r.decoder}, {"hardware", r.decode.hardware},
                            {"gpu_hybrid", r.decode.gpu_hybrid}, {"cpu", r.decode.cpu}};
+      params["loader_thread_ms_per_batch"] = {{"all", r.build_ms}, {"read", r.read_ms}, {"decode", r.decode_ms}};
+    }
     log.add({"data", "load_" + l.opt.pipeline, "throughput", r.images_per_second, "img/s", std::nullopt, params});
     log.write(l.json_path);
   }

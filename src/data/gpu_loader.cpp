@@ -1,6 +1,7 @@
 #include "data/gpu_loader.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -81,6 +82,10 @@ uint8_t* GpuLoader::decode_area(size_t bytes, size_t keep) {
 }
 
 void GpuLoader::build(int64_t b, Slot& slot) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  double read_seconds = 0, decode_seconds = 0;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const int64_t epoch = b / batches_per_epoch_;
   if (epoch != order_epoch_) {
     order_ = epoch_order(int64_t(folder_.samples.size()), opt_.seed, epoch, opt_.train);
@@ -112,6 +117,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
     throw core::InputError(folder_.root.string() + ": no image in the dataset decodes");
   };
   parallel_for(int64_t(count), opt_.threads, read);
+  read_seconds += since(t0);
 
   // Decode; a slot whose file fails takes its next candidate, until every slot holds an image.
   std::vector<size_t> offset(count);
@@ -130,7 +136,9 @@ void GpuLoader::build(int64_t b, Slot& slot) {
       jpegs.push_back({slot.bytes[i], size[i].width, size[i].height});
       dst.push_back(area + offset[i]);
     }
+    const Clock::time_point t_decode = Clock::now();
     const std::vector<char> ok = decoder_->decode(jpegs, dst, stream_);
+    decode_seconds += since(t_decode);
     std::vector<size_t> failed;
     for (size_t k = 0; k < pending.size(); ++k)
       if (!ok[k]) {
@@ -138,12 +146,10 @@ void GpuLoader::build(int64_t b, Slot& slot) {
         ++skip[pending[k]];
         failed.push_back(pending[k]);
       }
+    const Clock::time_point t_reread = Clock::now();
     parallel_for(int64_t(failed.size()), opt_.threads, [&](int64_t k) { read(int64_t(failed[size_t(k)])); });
+    read_seconds += since(t_reread);
     pending = std::move(failed);
-  }
-  {
-    std::lock_guard lock(mutex_);
-    decode_stats_ = decoder_->stats();
   }
 
   // The same draws as the CPU loader: generator of the slot's position, dimensions of the file used.
@@ -170,6 +176,12 @@ void GpuLoader::build(int64_t b, Slot& slot) {
   GPULAB_CHECK(cudaStreamWaitEvent(stream_, slot.released.get()));
   resized_crop_normalize(slot.jobs.get(), int(count), opt_.augment, slot.images.get(), stream_);
   slot.ready.record(stream_);
+  std::lock_guard lock(mutex_);
+  decode_stats_ = decoder_->stats();
+  ++times_.batches;
+  times_.read_seconds += read_seconds;
+  times_.decode_seconds += decode_seconds;
+  times_.total_seconds += since(t0);
 }
 
 void GpuLoader::produce() {
@@ -226,6 +238,11 @@ const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
 int64_t GpuLoader::skipped_total() const {
   std::lock_guard lock(mutex_);
   return skipped_total_;
+}
+
+GpuLoader::Times GpuLoader::times() const {
+  std::lock_guard lock(mutex_);
+  return times_;
 }
 
 DecodeStats GpuLoader::decode_stats() const {

@@ -58,6 +58,14 @@ class GpuLoader {
   std::vector<std::string> corrupt_files() const;
   std::string decoder_name() const { return decoder_name_; }
   DecodeStats decode_stats() const;
+  // Where the loader thread's time went, summed over the batches built so far: reading and
+  // checking files on the CPU threads, and inside the decoder's calls (host wall time, which
+  // includes any waiting the decoder does for the GPU or the JPEG engines).
+  struct Times {
+    int64_t batches = 0;
+    double read_seconds = 0, decode_seconds = 0, total_seconds = 0;
+  };
+  Times times() const;
 
  private:
   struct Slot;
@@ -89,6 +97,7 @@ class GpuLoader {
   int64_t skipped_total_ = 0;
   std::set<std::string> corrupt_;
   DecodeStats decode_stats_;
+  Times times_;
   std::thread thread_;
 };
 

@@ -54,6 +54,12 @@ LoadRate measure_load_rate(const std::filesystem::path& dir, const LoadRateOptio
     r.corrupt_skipped = loader.skipped_total();
     r.decoder = loader.decoder_name();
     r.decode = loader.decode_stats();
+    const GpuLoader::Times t = loader.times();
+    if (t.batches) {
+      r.read_ms = 1e3 * t.read_seconds / double(t.batches);
+      r.decode_ms = 1e3 * t.decode_seconds / double(t.batches);
+      r.build_ms = 1e3 * t.total_seconds / double(t.batches);
+    }
   }
   r.images = int64_t(opt.batches) * opt.batch;
   r.images_per_second = r.seconds > 0 ? double(r.images) / r.seconds : 0;
