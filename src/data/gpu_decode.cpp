@@ -36,7 +36,7 @@ class CpuBatchDecoder : public BatchDecoder {
         if (img.width != images[size_t(i)].width || img.height != images[size_t(i)].height) return;
         std::memcpy(staging_.get() + offset[size_t(i)], img.rgb.data(), img.rgb.size());
         ok[size_t(i)] = 1;
-      } catch (const CorruptImageError&) {
+      } catch (const CorruptImageError&) {  // ok[i] stays 0: the loader skips the file
       }
     });
     for (size_t i = 0; i < images.size(); ++i)

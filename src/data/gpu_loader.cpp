@@ -30,6 +30,9 @@ struct GpuLoader::Slot {
   core::PinnedBuffer<int32_t> host_labels;
   core::PinnedBuffer<ResizeJob> host_jobs;
   std::vector<std::vector<uint8_t>> bytes;  // the files, read by the decoder until `ready`
+  // Decoded images, read by the resize kernel until `ready`. One per slot, so a decoder whose
+  // writes might not follow stream order (the JPEG engines) never races the previous batch.
+  core::DeviceBuffer<uint8_t> decoded;
   core::Event ready{cudaEventDisableTiming};     // loader stream: the batch is written
   core::Event released{cudaEventDisableTiming};  // consumer stream: the batch was read
   GpuBatch batch;
@@ -70,15 +73,15 @@ GpuLoader::~GpuLoader() {
   GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
 }
 
-uint8_t* GpuLoader::decode_area(size_t bytes, size_t keep) {
-  if (decoded_.size() < bytes) {
+uint8_t* GpuLoader::decode_area(Slot& slot, size_t bytes, size_t keep) {
+  if (slot.decoded.size() < bytes) {
     // Grows rarely (a larger image than any before); the first `keep` bytes are already decoded.
     core::DeviceBuffer<uint8_t> grown(bytes + bytes / 4);
-    if (keep) GPULAB_CHECK(cudaMemcpyAsync(grown.get(), decoded_.get(), keep, cudaMemcpyDeviceToDevice, stream_));
+    if (keep) GPULAB_CHECK(cudaMemcpyAsync(grown.get(), slot.decoded.get(), keep, cudaMemcpyDeviceToDevice, stream_));
     stream_.synchronize();
-    decoded_ = std::move(grown);
+    slot.decoded = std::move(grown);
   }
-  return decoded_.get();
+  return slot.decoded.get();
 }
 
 void GpuLoader::build(int64_t b, Slot& slot) {
@@ -129,7 +132,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
       offset[i] = used;
       used += (size_t(size[i].width) * size[i].height * 3 + 255) / 256 * 256;  // aligned starts for the decoders
     }
-    uint8_t* area = decode_area(used, offset[pending.front()]);
+    uint8_t* area = decode_area(slot, used, offset[pending.front()]);
     std::vector<EncodedJpeg> jpegs;
     std::vector<uint8_t*> dst;
     for (size_t i : pending) {
@@ -155,7 +158,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
   // The same draws as the CPU loader: generator of the slot's position, dimensions of the file used.
   int skipped = 0;
   for (size_t i = 0; i < count; ++i) {
-    const uint8_t* src = decoded_.get() + offset[i];
+    const uint8_t* src = slot.decoded.get() + offset[i];
     if (opt_.train) {
       Rng rng = augment_rng(opt_.seed, epoch, first + int64_t(i));
       slot.host_jobs.get()[i] = train_job(src, size[i].width, size[i].height,

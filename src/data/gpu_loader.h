@@ -71,7 +71,7 @@ class GpuLoader {
   struct Slot;
   void produce();
   void build(int64_t batch, Slot& slot);
-  uint8_t* decode_area(size_t bytes, size_t keep);
+  uint8_t* decode_area(Slot& slot, size_t bytes, size_t keep);
 
   ImageFolder folder_;
   GpuLoaderOptions opt_;
@@ -80,9 +80,8 @@ class GpuLoader {
   std::unique_ptr<BatchDecoder> decoder_;
   std::string decoder_name_;
 
-  // Producer-only state: the loader stream, decode area, and the current epoch's order.
+  // Producer-only state: the loader stream and the current epoch's order.
   core::Stream stream_;
-  core::DeviceBuffer<uint8_t> decoded_;
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
 
