@@ -6,13 +6,14 @@ find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 
-# Libraries that ship with the toolkit but not as CUDAToolkit components.
+# Libraries that ship with the toolkit but not as CUDAToolkit components. -D<var>_ROOT=DIR adds
+# DIR/lib and DIR/include (e.g. an unpacked pip wheel); extra arguments are extra library names.
 function(gpulab_find_toolkit_lib var libname header)
-  find_library(${var}_LIB NAMES ${libname}
-    HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64
+  find_library(${var}_LIB NAMES ${libname} ${ARGN}
+    HINTS ${${var}_ROOT}/lib ${${var}_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64
           ${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/lib64 /usr/lib/x86_64-linux-gnu)
   find_path(${var}_INCLUDE NAMES ${header}
-    HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include /usr/include)
+    HINTS ${${var}_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include /usr/include)
   if(${var}_LIB AND ${var}_INCLUDE)
     set(${var}_FOUND TRUE PARENT_SCOPE)
     set(tgt gpulab::${libname})
@@ -27,7 +28,8 @@ endfunction()
 gpulab_find_toolkit_lib(GPULAB_CUDNN cudnn cudnn.h)
 gpulab_find_toolkit_lib(GPULAB_NCCL nccl nccl.h)
 gpulab_find_toolkit_lib(GPULAB_CUPTI cupti cupti.h)
-gpulab_find_toolkit_lib(GPULAB_NVJPEG nvjpeg nvjpeg.h)
+# The nvidia-nvjpeg wheel ships only the versioned name (lib/libnvjpeg.so.13).
+gpulab_find_toolkit_lib(GPULAB_NVJPEG nvjpeg nvjpeg.h libnvjpeg.so.13)
 gpulab_find_toolkit_lib(GPULAB_CUSPARSELT cusparseLt cusparseLt.h)
 
 foreach(req CUDNN NCCL CUPTI)

@@ -1,4 +1,5 @@
-// gpulab dataset make|scan: write a synthetic ImageNet-layout JPEG folder; check one.
+// gpulab dataset make|scan|load: write a synthetic ImageNet-layout JPEG folder; check one; time an
+// input pipeline on one.
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -7,7 +8,9 @@
 #include "cli/command.h"
 #include "cli/table.h"
 #include "core/progress.h"
+#include "core/result.h"
 #include "data/dataset.h"
+#include "data/load_rate.h"
 
 namespace gpulab::cli {
 
@@ -28,6 +31,14 @@ struct ScanCli {
   int threads = default_threads();
   bool json_output = false;
   bool strict = false;
+};
+
+struct LoadCli {
+  std::string dir;
+  data::LoadRateOptions opt;
+  std::string decode = "auto";
+  std::string precision = "fp16";
+  std::string json_path;
 };
 
 // The bar is made on the first call, once the total is known.
@@ -89,10 +100,41 @@ int run_scan(const ScanCli& s) {
   return status;
 }
 
+int run_load(LoadCli& l) {
+  l.opt.decode = l.decode == "cpu" ? data::DecodeBackend::cpu
+                 : l.decode == "nvjpeg" ? data::DecodeBackend::nvjpeg
+                                        : data::DecodeBackend::automatic;
+  l.opt.out = l.precision == "fp32" ? core::DType::f32 : l.precision == "bf16" ? core::DType::bf16 : core::DType::f16;
+  const data::LoadRate r = data::measure_load_rate(l.dir, l.opt);
+  std::cout << l.opt.pipeline << " pipeline: " << format_double(r.images_per_second, 0) << " img/s (" << r.images
+            << " images of " << l.opt.size << "x" << l.opt.size << " " << l.precision << " in "
+            << format_double(r.seconds, 2) << " s, batch " << l.opt.batch << ", " << l.opt.threads << " threads)\n";
+  if (!r.decoder.empty())
+    std::cout << "decoder: " << r.decoder << " (images by hardware " << r.decode.hardware << ", GPU hybrid "
+              << r.decode.gpu_hybrid << ", CPU " << r.decode.cpu << ")\n"
+              << "loader thread per batch: " << format_double(r.build_ms, 2) << " ms, of which reading/checking files "
+              << format_double(r.read_ms, 2) << " ms, decode calls " << format_double(r.decode_ms, 2) << " ms\n";
+  if (r.corrupt_skipped) std::cout << r.corrupt_skipped << " corrupt images skipped\n";
+  if (!l.json_path.empty()) {
+    core::ResultLog log(core::stamp_gpu(0));
+    json params = {{"pipeline", l.opt.pipeline}, {"batch", l.opt.batch}, {"batches", l.opt.batches},
+                   {"threads", l.opt.threads}, {"size", l.opt.size}, {"dtype", l.precision}, {"data", l.dir},
+                   {"seconds", r.seconds}, {"corrupt_skipped", r.corrupt_skipped}};
+    if (!r.decoder.empty()) {
+      params["decoder"] = {{"name", r.decoder}, {"hardware", r.decode.hardware},
+                           {"gpu_hybrid", r.decode.gpu_hybrid}, {"cpu", r.decode.cpu}};
+      params["loader_thread_ms_per_batch"] = {{"all", r.build_ms}, {"read", r.read_ms}, {"decode", r.decode_ms}};
+    }
+    log.add({"data", "load_" + l.opt.pipeline, "throughput", r.images_per_second, "img/s", std::nullopt, params});
+    log.write(l.json_path);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_dataset_command(CLI::App& app, Runner& run) {
-  auto* sub = app.add_subcommand("dataset", "Write a synthetic ImageNet-layout JPEG folder, or scan one");
+  auto* sub = app.add_subcommand("dataset", "Write a synthetic ImageNet-layout JPEG folder, scan one, or time an input pipeline on one");
   sub->require_subcommand(1);
 
   auto m = std::make_shared<MakeCli>();
@@ -122,6 +164,27 @@ void add_dataset_command(CLI::App& app, Runner& run) {
   scan->footer("Example:\n  gpulab dataset scan /data/imagenet --strict\n"
                "Every JPEG is decoded; corrupt ones are listed (exit 2 with --strict).");
   scan->callback([&run, s] { run = [s] { return run_scan(*s); }; });
+
+  auto l = std::make_shared<LoadCli>();
+  l->opt.threads = default_threads();
+  auto* load = sub->add_subcommand("load", "Input pipeline speed alone: training batches per second, no model");
+  load->add_option("dir", l->dir, "DIR with train/, or a single ROOT/<class>/*.JPEG folder")->required();
+  load->add_option("--pipeline", l->opt.pipeline, "cpu (TurboJPEG + CPU augmentation) or gpu (GPU decode + CUDA augmentation)")
+      ->check(CLI::IsMember({"cpu", "gpu"}))
+      ->capture_default_str();
+  load->add_option("--decode", l->decode, "gpu pipeline decoder: auto (nvJPEG when built with it), cpu, nvjpeg")
+      ->check(CLI::IsMember({"auto", "cpu", "nvjpeg"}))
+      ->capture_default_str();
+  load->add_option("--batch", l->opt.batch, "Images per batch")->capture_default_str();
+  load->add_option("--batches", l->opt.batches, "Timed batches (after 3 untimed)")->capture_default_str();
+  load->add_option("--threads", l->opt.threads, "CPU threads (cpu: decode + augment; gpu: file reading)")->capture_default_str();
+  load->add_option("--image-size", l->opt.size, "Crop size")->capture_default_str();
+  load->add_option("--precision", l->precision, "Output type: fp32, fp16, bf16")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
+  load->add_option("--json", l->json_path, "Write the result as JSON");
+  load->footer("Example:\n  gpulab dataset load /tmp/shapes --pipeline gpu --batch 256 --batches 40");
+  load->callback([&run, l] { run = [l] { return run_load(*l); }; });
 }
 
 }  // namespace gpulab::cli

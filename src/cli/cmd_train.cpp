@@ -50,7 +50,7 @@ int run_train(TrainCli& c) {
   bar.reset();
 
   const std::string name = "resnet" + std::to_string(o.depth) + "_" + o.precision + "_b" + std::to_string(o.batch) +
-                           (o.data.empty() ? "_synthetic" : "_folder");
+                           (o.data.empty() ? "_synthetic" : o.pipeline == "gpu" ? "_folder_gpu" : "_folder");
   std::cout << "ResNet-" << o.depth << " v1.5, " << human_count(uint64_t(r.params)) << " parameters, " << r.classes
             << " classes, " << o.precision << ", batch " << o.batch << " x " << o.accum << ", " << c.optimizer << ", "
             << o.steps << " steps on " << (o.data.empty() ? "synthetic data" : o.data) << "\n"
@@ -61,6 +61,7 @@ int run_train(TrainCli& c) {
   if (r.val_images)
     std::cout << "validation: top-1 " << format_double(100 * r.val_top1, 2) << "% of " << r.val_images
               << " images, loss " << format_double(r.val_loss, 4) << "\n";
+  if (!r.decoder.empty()) std::cout << "GPU pipeline, JPEG decode: " << r.decoder << "\n";
   if (r.start_step) std::cout << "resumed at step " << r.start_step << " from " << o.checkpoint_dir << "\n";
   if (r.checkpoints_written) std::cout << r.checkpoints_written << " checkpoints written to " << o.checkpoint_dir << "\n";
   if (!o.export_path.empty()) std::cout << "weights exported to " << o.export_path << " (torchvision names)\n";
@@ -72,7 +73,8 @@ int run_train(TrainCli& c) {
     nlohmann::json params = {{"depth", o.depth}, {"precision", o.precision}, {"batch", o.batch}, {"accum", o.accum},
                              {"optimizer", c.optimizer}, {"schedule", c.schedule}, {"lr", o.schedule.base},
                              {"steps", o.steps}, {"image_size", o.image_size}, {"classes", r.classes},
-                             {"data", o.data.empty() ? "synthetic" : o.data}, {"first_loss", r.first_loss},
+                             {"data", o.data.empty() ? "synthetic" : o.data}, {"pipeline", o.data.empty() ? "none" : o.pipeline},
+                             {"decoder", r.decoder}, {"first_loss", r.first_loss},
                              {"last_loss", r.last_loss}, {"skipped_steps", r.skipped_steps},
                              {"corrupt_skipped", r.corrupt_skipped}, {"timed_images", r.timed_images},
                              {"timed_seconds", r.timed_seconds},
@@ -116,6 +118,11 @@ void add_train_command(CLI::App& app, Runner& run) {
   sub->add_option("--weight-decay", c->weight_decay, "Weight decay, never on BN or bias (default: sgd 1e-4, lars 5e-5, lamb 0.01)");
   sub->add_option("--label-smoothing", o.label_smoothing, "Label smoothing")->capture_default_str();
   sub->add_option("--threads", o.loader_threads, "CPU decode/augment threads for --data")->capture_default_str();
+  sub->add_option("--pipeline", o.pipeline,
+                  "Input pipeline for --data: cpu (TurboJPEG + augmentation on --threads) or gpu (nvJPEG decode, "
+                  "CUDA crop/resize/flip/normalize on its own stream)")
+      ->check(CLI::IsMember({"cpu", "gpu"}))
+      ->capture_default_str();
   sub->add_option("--seed", o.seed, "Seed for weights, data order and augmentation")->capture_default_str();
   sub->add_flag("--eval", o.eval, "After training, top-1 on DIR/val (eval transform: resize, center crop)");
   sub->add_option("--json", c->json_path, "Write the result (img/s, losses, settings) as JSON");

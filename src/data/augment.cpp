@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/dtype_dispatch.h"
+#include "data/sampling.h"
 
 namespace gpulab::data {
 
@@ -86,24 +87,17 @@ void normalize_into(const std::vector<float>& hwc, int width, int height, bool f
 }
 
 void augment_train(const Image& src, Rng& rng, const AugmentSpec& spec, void* out) {
-  const CropBox box = random_resized_crop_box(src.width, src.height, rng, spec.crop);
-  const bool flip = spec.flip && rng.uniform() < 0.5;
-  normalize_into(resized_crop(src, box, spec.size, spec.size), spec.size, spec.size, flip, spec, out);
+  const TrainDraw d = draw_train(src.width, src.height, rng, spec);
+  normalize_into(resized_crop(src, d.box, spec.size, spec.size), spec.size, spec.size, d.flip, spec, out);
 }
 
 void augment_eval(const Image& src, const AugmentSpec& spec, void* out) {
-  // Resize(size * 256 / 224): shorter side to that, longer side int(short * long / short).
-  const int resize = spec.size * 256 / 224;
-  const bool wide = src.width >= src.height;
-  const int shorter = wide ? src.height : src.width, longer = wide ? src.width : src.height;
-  const int new_long = int(int64_t(resize) * longer / shorter);
-  const int rw = wide ? new_long : resize, rh = wide ? resize : new_long;
-  const std::vector<float> resized = resized_crop(src, {0, 0, src.height, src.width}, rw, rh);
-  // CenterCrop: offsets int(round((in - out) / 2)), half to even as Python.
-  const int top = int(std::nearbyint((rh - spec.size) / 2.0)), left = int(std::nearbyint((rw - spec.size) / 2.0));
+  const EvalGeometry g = eval_geometry(src.width, src.height, spec.size);
+  const std::vector<float> resized = resized_crop(src, {0, 0, src.height, src.width}, g.resize_w, g.resize_h);
   std::vector<float> crop(size_t(spec.size) * spec.size * 3);
   for (int y = 0; y < spec.size; ++y)
-    std::copy_n(&resized[(size_t(top + y) * rw + left) * 3], size_t(spec.size) * 3, &crop[size_t(y) * spec.size * 3]);
+    std::copy_n(&resized[(size_t(g.top + y) * g.resize_w + g.left) * 3], size_t(spec.size) * 3,
+                &crop[size_t(y) * spec.size * 3]);
   normalize_into(crop, spec.size, spec.size, false, spec, out);
 }
 

@@ -27,16 +27,51 @@ tjhandle compressor() {
   return h.get();
 }
 
-}  // namespace
+// Whether an EOI marker follows the first scan's data. Walks the marker segments up to the first
+// SOS so that an EXIF thumbnail's own markers (inside APP1) do not count.
+bool has_end_marker(std::span<const uint8_t> b) {
+  size_t i = 2;  // after SOI
+  for (;;) {
+    if (i + 4 > b.size() || b[i] != 0xFF) return false;
+    const uint8_t marker = b[i + 1];
+    if (marker == 0xFF) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD8)) {  // markers without a length
+      i += 2;
+      continue;
+    }
+    i += 2 + ((size_t(b[i + 2]) << 8) | b[i + 3]);
+    if (marker == 0xDA) break;  // SOS: entropy-coded data follows
+  }
+  // Scan data never holds 0xFF 0xD9 (0xFF is stuffed), so the last one is the EOI.
+  for (size_t k = b.size(); k >= i + 2; --k)
+    if (b[k - 2] == 0xFF && b[k - 1] == 0xD9) return true;
+  return false;
+}
 
-Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name) {
-  tjhandle h = decompressor();
+JpegSize header_size(tjhandle h, std::span<const uint8_t> bytes, const std::string& name) {
   if (bytes.empty()) throw CorruptImageError(name + ": empty file, not a JPEG");
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (tjDecompressHeader3(h, bytes.data(), bytes.size(), &width, &height, &subsamp, &colorspace) != 0)
     throw CorruptImageError(name + ": not a readable JPEG (" + tjGetErrorStr2(h) + ")");
   if (width <= 0 || height <= 0)
     throw CorruptImageError(name + ": JPEG header gives size " + std::to_string(width) + "x" + std::to_string(height));
+  return {width, height};
+}
+
+}  // namespace
+
+JpegSize read_jpeg_header(std::span<const uint8_t> bytes, const std::string& name) {
+  const JpegSize size = header_size(decompressor(), bytes, name);
+  if (!has_end_marker(bytes)) throw CorruptImageError(name + ": JPEG data ends early (no end-of-image marker)");
+  return size;
+}
+
+Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name) {
+  tjhandle h = decompressor();
+  const auto [width, height] = header_size(h, bytes, name);
   Image img{width, height, std::vector<uint8_t>(size_t(width) * height * 3)};
   // STOPONWARNING: a truncated file would otherwise decode "successfully" with grey rows.
   if (tjDecompress2(h, bytes.data(), bytes.size(), img.rgb.data(), width, 0, height, TJPF_RGB,

@@ -31,6 +31,14 @@ class CorruptImageError : public core::InputError {
 Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name);
 Image read_jpeg(const std::filesystem::path& path);  // I/O failures throw core::InputError
 
+// Width and height from the header, without decoding. Throws CorruptImageError for what
+// decode_jpeg would reject before or at the end of the data: not a JPEG, or no EOI marker after
+// the scan data (a truncated file). Corrupt entropy-coded data is only found by decoding.
+struct JpegSize {
+  int width = 0, height = 0;
+};
+JpegSize read_jpeg_header(std::span<const uint8_t> bytes, const std::string& name);
+
 // 4:2:0 chroma subsampling as cameras and ImageNet's files use; quality 1..100.
 std::vector<uint8_t> encode_jpeg(const Image& image, int quality = 90);
 

@@ -3,19 +3,15 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "data/sampling.h"
 
 namespace gpulab::data {
-
-namespace {
-constexpr uint64_t kOrderStream = 0x5EED0000;    // Rng streams: epoch order ...
-constexpr uint64_t kAugmentStream = 0xA0600000;  // ... and per-sample augmentation
-}  // namespace
 
 Loader::Loader(ImageFolder folder, LoaderOptions opt) : folder_(std::move(folder)), opt_(std::move(opt)) {
   if (folder_.samples.empty()) throw core::InputError(folder_.root.string() + ": no images to load");
   if (opt_.batch < 1 || opt_.threads < 1 || opt_.prefetch < 1) throw core::InputError("loader: batch, threads and prefetch must be positive");
   const int64_t n = int64_t(folder_.samples.size());
-  batches_per_epoch_ = opt_.train ? std::max<int64_t>(1, n / opt_.batch) : (n + opt_.batch - 1) / opt_.batch;
+  batches_per_epoch_ = data::batches_per_epoch(n, opt_.batch, opt_.train);
   image_bytes_ = size_t(opt_.augment.size) * opt_.augment.size * 3 * core::dtype_size(opt_.augment.out);
   slots_.resize(opt_.prefetch + 1);
   done_.assign(slots_.size(), 0);
@@ -42,12 +38,8 @@ std::shared_ptr<const std::vector<int64_t>> Loader::order(int64_t epoch) {
   std::lock_guard lock(mutex_);
   auto it = orders_.find(epoch);
   if (it != orders_.end()) return it->second;
-  auto perm = std::make_shared<std::vector<int64_t>>(folder_.samples.size());
-  for (size_t i = 0; i < perm->size(); ++i) (*perm)[i] = int64_t(i);
-  if (opt_.train) {  // Fisher-Yates with our own generator: the same order on every platform
-    Rng rng = Rng::for_item(opt_.seed, kOrderStream, uint64_t(epoch));
-    for (int64_t i = int64_t(perm->size()) - 1; i > 0; --i) std::swap((*perm)[i], (*perm)[rng.randint(0, i + 1)]);
-  }
+  auto perm = std::make_shared<const std::vector<int64_t>>(
+      epoch_order(int64_t(folder_.samples.size()), opt_.seed, epoch, opt_.train));
   // Workers touch at most two epochs at once; older orders are done with.
   while (!orders_.empty() && orders_.begin()->first < epoch - 1) orders_.erase(orders_.begin());
   return orders_[epoch] = perm;
@@ -64,7 +56,7 @@ void Loader::fill(int64_t batch, int slot_in_batch, Batch& out) {
     try {
       const Image img = read_jpeg(s.path);
       if (opt_.train) {
-        Rng rng = Rng::for_item(opt_.seed, kAugmentStream + uint64_t(epoch), uint64_t(position));
+        Rng rng = augment_rng(opt_.seed, epoch, position);
         augment_train(img, rng, opt_.augment, dst);
       } else {
         augment_eval(img, opt_.augment, dst);

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "data/folder.h"
+#include "data/gpu_loader.h"
 #include "data/loader.h"
 #include "data/rng.h"
 #include "train/checkpoint.h"
@@ -129,7 +130,11 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     throw core::InputError("--eval needs --data DIR with a DIR/val/<class>/*.JPEG folder");
   if (opt.resume && opt.checkpoint_dir.empty()) throw core::InputError("--resume needs --checkpoint DIR");
   if (opt.resume && !opt.init_from.empty()) throw core::InputError("--resume and --init-from exclude each other");
+  if (opt.pipeline != "cpu" && opt.pipeline != "gpu") throw core::InputError("--pipeline must be cpu or gpu");
+  if (opt.resume && opt.pipeline == "gpu")
+    throw core::InputError("--resume continues with --pipeline cpu only for now (the GPU loader cannot start mid-epoch yet)");
   std::optional<data::ImageFolder> folder;
+  std::optional<data::ImageFolder> gpu_folder;  // the GPU loader is made once the device is known
   int classes = opt.classes;
   if (!opt.data.empty()) {
     folder = data::scan_image_folder(data::train_split(opt.data));
@@ -158,7 +163,8 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     lo.augment.size = opt.image_size;
     lo.augment.out = prec.dtype;
     lo.first_batch = start * opt.accum;
-    loader.emplace(std::move(*folder), lo);
+    if (opt.pipeline == "gpu") gpu_folder.emplace(std::move(*folder));
+    else loader.emplace(std::move(*folder), lo);
   }
   const std::map<std::string, std::string> run_recipe = recipe(opt, classes, loader ? &*loader : nullptr);
   if (resumed) check_same_recipe(opt.checkpoint_dir, resumed->recipe, run_recipe);
@@ -196,7 +202,17 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   const size_t image_bytes = size_t(opt.batch) * opt.image_size * opt.image_size * 3 * core::dtype_size(prec.dtype);
   core::DeviceBuffer<std::byte> images(image_bytes);
   core::DeviceBuffer<int32_t> labels(size_t(opt.batch));
-  if (!loader) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1);
+  std::optional<data::GpuLoader> gpu_loader;
+  if (gpu_folder) {
+    data::GpuLoaderOptions go;
+    go.batch = opt.batch;
+    go.threads = opt.loader_threads;
+    go.seed = opt.seed;
+    go.augment.size = opt.image_size;
+    go.augment.out = prec.dtype;
+    gpu_loader.emplace(std::move(*gpu_folder), go);
+  }
+  if (opt.data.empty()) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1);
 
   // The loader's batch buffers are few and fixed: page-lock each once so copies run at full speed.
   std::vector<const void*> pinned;
@@ -239,6 +255,11 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
         GPULAB_CHECK(cudaMemcpyAsync(labels.get(), b.labels.data(), b.labels.size() * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, stream));
         copied.record(stream);
+      } else if (gpu_loader) {  // a copy keeps `images` fixed for the network (and graph capture)
+        const data::GpuBatch& b = gpu_loader->next(stream);
+        GPULAB_CHECK(cudaMemcpyAsync(images.get(), b.images, image_bytes, cudaMemcpyDeviceToDevice, stream));
+        GPULAB_CHECK(cudaMemcpyAsync(labels.get(), b.labels, size_t(opt.batch) * sizeof(int32_t),
+                                     cudaMemcpyDeviceToDevice, stream));
       }
       net.forward(images.get(), true, stream);
       net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
@@ -280,6 +301,11 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   if (loader) {
     report.corrupt_skipped = loader->skipped_total();
     report.corrupt_files = loader->corrupt_files();
+  }
+  if (gpu_loader) {
+    report.corrupt_skipped = gpu_loader->skipped_total();
+    report.corrupt_files = gpu_loader->corrupt_files();
+    report.decoder = gpu_loader->decoder_name();
   }
   if (!opt.export_path.empty()) write_torchvision(opt.export_path, layout, download_model(net, stream));
   if (opt.eval && !opt.data.empty()) {

@@ -26,6 +26,7 @@ struct TrainOptions {
   LrSchedule schedule;     // total is set to `steps`
   float label_smoothing = 0.1f;
   int loader_threads = 8;
+  std::string pipeline = "cpu";  // folder data: "cpu" (Loader) or "gpu" (GpuLoader: nvJPEG + CUDA augmentation)
   uint64_t seed = 0;
   int warmup_steps_untimed = 5;  // left out of the throughput figure
   bool eval = false;  // top-1 on DIR/val after training (folder data only)
@@ -57,6 +58,7 @@ struct TrainReport {
   int64_t checkpoints_written = 0;
   int64_t corrupt_skipped = 0;
   std::vector<std::string> corrupt_files;
+  std::string decoder;  // the GPU pipeline's JPEG decoder; empty otherwise
   int64_t params = 0;
   int classes = 0;
   int64_t val_images = 0;  // 0: no evaluation ran

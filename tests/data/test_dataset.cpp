@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/temp_dir.h"
 #include "data/dataset.h"
 #include "data/folder.h"
 #include "data/loader.h"
@@ -14,14 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("gpulab_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using gpulab::testing::TempDir;
 
 MakeOptions small_options() {
   MakeOptions opt;

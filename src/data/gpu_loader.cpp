@@ -1,0 +1,261 @@
+#include "data/gpu_loader.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "data/gpu_augment.h"
+#include "data/jpeg.h"
+#include "data/parallel.h"
+#include "data/sampling.h"
+
+namespace gpulab::data {
+
+namespace {
+// The current device; a clear error, before any CUDA object is made, where there is none.
+int checked_device() {
+  if (const std::string why = core::why_no_device(); !why.empty())
+    throw core::NoDeviceError("the GPU input pipeline needs a CUDA device: " + why);
+  int device = 0;
+  GPULAB_CHECK(cudaGetDevice(&device));
+  return device;
+}
+}  // namespace
+
+struct GpuLoader::Slot {
+  core::DeviceBuffer<std::byte> images;
+  core::DeviceBuffer<int32_t> labels;
+  core::DeviceBuffer<ResizeJob> jobs;
+  core::PinnedBuffer<int32_t> host_labels;
+  core::PinnedBuffer<ResizeJob> host_jobs;
+  std::vector<std::vector<uint8_t>> bytes;  // the files, read by the decoder until `ready`
+  // Decoded images, read by the resize kernel until `ready`. One per slot, so a decoder whose
+  // writes might not follow stream order (the JPEG engines) never races the previous batch.
+  core::DeviceBuffer<uint8_t> decoded;
+  core::Event ready{cudaEventDisableTiming};     // loader stream: the batch is written
+  core::Event released{cudaEventDisableTiming};  // consumer stream: the batch was read
+  GpuBatch batch;
+};
+
+GpuLoader::GpuLoader(ImageFolder folder, GpuLoaderOptions opt)
+    : folder_(std::move(folder)), opt_(std::move(opt)), device_(checked_device()) {
+  if (folder_.samples.empty()) throw core::InputError(folder_.root.string() + ": no images to load");
+  if (opt_.batch < 1 || opt_.threads < 1 || opt_.prefetch < 1)
+    throw core::InputError("GPU loader: batch, threads and prefetch must be positive");
+  batches_per_epoch_ = data::batches_per_epoch(int64_t(folder_.samples.size()), opt_.batch, opt_.train);
+  decoder_ = make_batch_decoder(opt_.decode, opt_.threads);
+  decoder_name_ = decoder_->name();
+  const size_t image_elems = size_t(opt_.augment.size) * opt_.augment.size * 3;
+  for (int s = 0; s < opt_.prefetch + 1; ++s) {
+    auto slot = std::make_unique<Slot>();
+    slot->images = core::DeviceBuffer<std::byte>(image_elems * core::dtype_size(opt_.augment.out) * opt_.batch);
+    slot->labels = core::DeviceBuffer<int32_t>(size_t(opt_.batch));
+    slot->jobs = core::DeviceBuffer<ResizeJob>(size_t(opt_.batch));
+    slot->host_labels = core::PinnedBuffer<int32_t>(size_t(opt_.batch));
+    slot->host_jobs = core::PinnedBuffer<ResizeJob>(size_t(opt_.batch));
+    slot->bytes.resize(size_t(opt_.batch));
+    slot->batch.images = slot->images.get();
+    slot->batch.labels = slot->labels.get();
+    slots_.push_back(std::move(slot));
+  }
+  done_.assign(slots_.size(), 0);
+  thread_ = std::thread([this] { produce(); });
+}
+
+GpuLoader::~GpuLoader() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+  GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
+}
+
+uint8_t* GpuLoader::decode_area(Slot& slot, size_t bytes, size_t keep) {
+  if (slot.decoded.size() < bytes) {
+    // Grows rarely (a larger image than any before); the first `keep` bytes are already decoded.
+    core::DeviceBuffer<uint8_t> grown(bytes + bytes / 4);
+    if (keep) GPULAB_CHECK(cudaMemcpyAsync(grown.get(), slot.decoded.get(), keep, cudaMemcpyDeviceToDevice, stream_));
+    stream_.synchronize();
+    slot.decoded = std::move(grown);
+  }
+  return slot.decoded.get();
+}
+
+void GpuLoader::build(int64_t b, Slot& slot) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  double read_seconds = 0, decode_seconds = 0;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const int64_t epoch = b / batches_per_epoch_;
+  if (epoch != order_epoch_) {
+    order_ = epoch_order(int64_t(folder_.samples.size()), opt_.seed, epoch, opt_.train);
+    order_epoch_ = epoch;
+  }
+  const int64_t n = int64_t(order_.size());
+  const size_t count = size_t(opt_.batch);
+  const int64_t first = (b % batches_per_epoch_) * opt_.batch;
+  std::vector<int64_t> skip(count, 0);  // files of the order skipped for each slot so far
+  std::vector<JpegSize> size(count);
+  std::vector<const Sample*> sample(count);
+  auto mark_corrupt = [&](const Sample& s) {
+    std::lock_guard lock(mutex_);
+    corrupt_.insert(s.path.string());
+  };
+  // Reads slot i's next candidate whose header is sound, as the CPU loader's decode would accept.
+  auto read = [&](int64_t i) {
+    for (; skip[size_t(i)] < n; ++skip[size_t(i)]) {
+      const Sample& s = folder_.samples[size_t(order_[size_t((first + i + skip[size_t(i)]) % n)])];
+      slot.bytes[size_t(i)] = read_file_bytes(s.path);
+      try {
+        size[size_t(i)] = read_jpeg_header(slot.bytes[size_t(i)], s.path.string());
+        sample[size_t(i)] = &s;
+        return;
+      } catch (const CorruptImageError&) {
+        mark_corrupt(s);
+      }
+    }
+    throw core::InputError(folder_.root.string() + ": no image in the dataset decodes");
+  };
+  parallel_for(int64_t(count), opt_.threads, read);
+  read_seconds += since(t0);
+
+  // Decode; a slot whose file fails takes its next candidate, until every slot holds an image.
+  std::vector<size_t> offset(count);
+  std::vector<size_t> pending(count);
+  for (size_t i = 0; i < count; ++i) pending[i] = i;
+  size_t used = 0;
+  while (!pending.empty()) {
+    for (size_t i : pending) {
+      offset[i] = used;
+      used += (size_t(size[i].width) * size[i].height * 3 + 255) / 256 * 256;  // aligned starts for the decoders
+    }
+    uint8_t* area = decode_area(slot, used, offset[pending.front()]);
+    std::vector<EncodedJpeg> jpegs;
+    std::vector<uint8_t*> dst;
+    for (size_t i : pending) {
+      jpegs.push_back({slot.bytes[i], size[i].width, size[i].height});
+      dst.push_back(area + offset[i]);
+    }
+    const Clock::time_point t_decode = Clock::now();
+    const std::vector<char> ok = decoder_->decode(jpegs, dst, stream_);
+    decode_seconds += since(t_decode);
+    std::vector<size_t> failed;
+    for (size_t k = 0; k < pending.size(); ++k)
+      if (!ok[k]) {
+        mark_corrupt(*sample[pending[k]]);
+        ++skip[pending[k]];
+        failed.push_back(pending[k]);
+      }
+    const Clock::time_point t_reread = Clock::now();
+    parallel_for(int64_t(failed.size()), opt_.threads, [&](int64_t k) { read(int64_t(failed[size_t(k)])); });
+    read_seconds += since(t_reread);
+    pending = std::move(failed);
+  }
+
+  // The same draws as the CPU loader: generator of the slot's position, dimensions of the file used.
+  int skipped = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const uint8_t* src = slot.decoded.get() + offset[i];
+    if (opt_.train) {
+      Rng rng = augment_rng(opt_.seed, epoch, first + int64_t(i));
+      slot.host_jobs.get()[i] = train_job(src, size[i].width, size[i].height,
+                                          draw_train(size[i].width, size[i].height, rng, opt_.augment), opt_.augment.size);
+    } else {
+      slot.host_jobs.get()[i] = eval_job(src, size[i].width, size[i].height, opt_.augment.size);
+    }
+    check_job(slot.host_jobs.get()[i], opt_.augment.size);
+    slot.host_labels.get()[i] = sample[i]->label;
+    skipped += int(skip[i]);
+  }
+  slot.batch.skipped = skipped;
+  GPULAB_CHECK(cudaMemcpyAsync(slot.jobs.get(), slot.host_jobs.get(), count * sizeof(ResizeJob), cudaMemcpyHostToDevice,
+                               stream_));
+  GPULAB_CHECK(cudaMemcpyAsync(slot.labels.get(), slot.host_labels.get(), count * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream_));
+  // The consumer may still read this slot's previous batch.
+  GPULAB_CHECK(cudaStreamWaitEvent(stream_, slot.released.get()));
+  resized_crop_normalize(slot.jobs.get(), int(count), opt_.augment, slot.images.get(), stream_);
+  slot.ready.record(stream_);
+  std::lock_guard lock(mutex_);
+  decode_stats_ = decoder_->stats();
+  ++times_.batches;
+  times_.read_seconds += read_seconds;
+  times_.decode_seconds += decode_seconds;
+  times_.total_seconds += since(t0);
+}
+
+void GpuLoader::produce() {
+  const int64_t ring = int64_t(slots_.size());
+  try {
+    GPULAB_CHECK(cudaSetDevice(device_));
+    for (int64_t b = 0;; ++b) {
+      {
+        std::unique_lock lock(mutex_);
+        work_cv_.wait(lock, [&] { return stop_ || b < consumed_ + ring; });
+        if (stop_) return;
+      }
+      Slot& slot = *slots_[size_t(b % ring)];
+      slot.ready.synchronize();  // its pinned jobs/labels and file bytes were last used by batch b - ring
+      build(b, slot);
+      {
+        std::lock_guard lock(mutex_);
+        done_[size_t(b % ring)] = 1;
+      }
+      ready_cv_.notify_all();
+    }
+  } catch (...) {
+    {
+      std::lock_guard lock(mutex_);
+      error_ = std::current_exception();
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
+  const int64_t ring = int64_t(slots_.size());
+  std::unique_lock lock(mutex_);
+  if (holding_) {  // release the batch handed out last time, once `consumer` has read it
+    const size_t slot = size_t(consumed_ % ring);
+    slots_[slot]->released.record(consumer);
+    done_[slot] = 0;
+    ++consumed_;
+    holding_ = false;
+    work_cv_.notify_all();
+  }
+  const size_t slot = size_t(consumed_ % ring);
+  ready_cv_.wait(lock, [&] { return error_ || done_[slot]; });
+  if (error_) std::rethrow_exception(error_);
+  Slot& s = *slots_[slot];
+  GPULAB_CHECK(cudaStreamWaitEvent(consumer, s.ready.get()));
+  holding_ = true;
+  skipped_total_ += s.batch.skipped;
+  s.batch.index = consumed_;
+  s.batch.epoch = consumed_ / batches_per_epoch_;
+  return s.batch;
+}
+
+int64_t GpuLoader::skipped_total() const {
+  std::lock_guard lock(mutex_);
+  return skipped_total_;
+}
+
+GpuLoader::Times GpuLoader::times() const {
+  std::lock_guard lock(mutex_);
+  return times_;
+}
+
+DecodeStats GpuLoader::decode_stats() const {
+  std::lock_guard lock(mutex_);
+  return decode_stats_;
+}
+
+std::vector<std::string> GpuLoader::corrupt_files() const {
+  std::lock_guard lock(mutex_);
+  return {corrupt_.begin(), corrupt_.end()};
+}
+
+}  // namespace gpulab::data

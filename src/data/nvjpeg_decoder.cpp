@@ -1,0 +1,159 @@
+// nvJPEG batch decoder (compiled only when CMake found nvJPEG). Images go, per image, to the first
+// backend that takes them: the hardware JPEG engines (A100/H100/H200: baseline JPEGs), nvJPEG's
+// GPU-hybrid backend, and TurboJPEG on the CPU for what neither supports (CMYK, ...). A batch
+// call that fails (corrupt data) is retried one level down, so a bad file costs time, never a crash.
+#include <nvjpeg.h>
+
+#include <initializer_list>
+#include <memory>
+
+
+#include "core/error.h"
+#include "data/gpu_decode.h"
+
+namespace gpulab::data {
+
+namespace {
+
+const char* status_name(nvjpegStatus_t s) {
+  switch (s) {
+    case NVJPEG_STATUS_SUCCESS: return "success";
+    case NVJPEG_STATUS_NOT_INITIALIZED: return "not initialized";
+    case NVJPEG_STATUS_INVALID_PARAMETER: return "invalid parameter";
+    case NVJPEG_STATUS_BAD_JPEG: return "bad JPEG";
+    case NVJPEG_STATUS_JPEG_NOT_SUPPORTED: return "JPEG not supported";
+    case NVJPEG_STATUS_ALLOCATOR_FAILURE: return "allocator failure";
+    case NVJPEG_STATUS_EXECUTION_FAILED: return "execution failed";
+    case NVJPEG_STATUS_ARCH_MISMATCH: return "architecture mismatch";
+    case NVJPEG_STATUS_INTERNAL_ERROR: return "internal error";
+    case NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED: return "implementation not supported";
+    case NVJPEG_STATUS_INCOMPLETE_BITSTREAM: return "incomplete bitstream";
+  }
+  return "unknown status";
+}
+
+void check(nvjpegStatus_t s, const char* what) {
+  if (s != NVJPEG_STATUS_SUCCESS) throw core::Error(std::string("nvJPEG: ") + what + ": " + status_name(s));
+}
+
+// One nvJPEG backend: handle, batched-decode state, and the batch size it was initialized for.
+struct Backend {
+  nvjpegHandle_t handle = nullptr;
+  nvjpegJpegState_t state = nullptr;
+  int batch = -1;
+
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  // Tries each flag set in turn; false when the backend is not available (e.g. no JPEG engines).
+  bool create(nvjpegBackend_t backend, std::initializer_list<unsigned> flag_sets) {
+    for (unsigned flags : flag_sets)
+      if (nvjpegCreateEx(backend, nullptr, nullptr, flags, &handle) == NVJPEG_STATUS_SUCCESS) {
+        check(nvjpegJpegStateCreate(handle, &state), "creating a decode state");
+        return true;
+      }
+    handle = nullptr;
+    return false;
+  }
+  ~Backend() {
+    if (state) nvjpegJpegStateDestroy(state);
+    if (handle) nvjpegDestroy(handle);
+  }
+
+  // Decodes images[idx[k]] into dst[idx[k]]; false when nvJPEG rejects the batch.
+  bool decode(std::span<const EncodedJpeg> images, std::span<uint8_t* const> dst, const std::vector<size_t>& idx,
+              cudaStream_t stream) {
+    if (idx.empty()) return true;
+    const int n = int(idx.size());
+    if (batch != n) {
+      if (nvjpegDecodeBatchedInitialize(handle, state, n, 1, NVJPEG_OUTPUT_RGBI) != NVJPEG_STATUS_SUCCESS) return false;
+      batch = n;
+    }
+    std::vector<const unsigned char*> data(idx.size());
+    std::vector<size_t> lengths(idx.size());
+    std::vector<nvjpegImage_t> out(idx.size());
+    for (size_t k = 0; k < idx.size(); ++k) {
+      data[k] = images[idx[k]].bytes.data();
+      lengths[k] = images[idx[k]].bytes.size();
+      out[k] = {};
+      out[k].channel[0] = dst[idx[k]];
+      out[k].pitch[0] = size_t(images[idx[k]].width) * 3;
+    }
+    if (nvjpegDecodeBatched(handle, state, data.data(), lengths.data(), out.data(), stream) != NVJPEG_STATUS_SUCCESS) {
+      batch = -1;  // a failed batch needs a fresh initialization
+      return false;
+    }
+    return true;
+  }
+};
+
+class NvjpegBatchDecoder : public BatchDecoder {
+ public:
+  explicit NvjpegBatchDecoder(int threads) : cpu_(make_cpu_batch_decoder(threads)) {
+    // The engines upsample chroma their own way. The CUDA backend can interpolate, closer to
+    // libjpeg's "fancy" upsampling; a library without that flag creates it plain.
+    has_hardware_ = hardware_.create(NVJPEG_BACKEND_HARDWARE, {NVJPEG_FLAGS_DEFAULT});
+    if (!hybrid_.create(NVJPEG_BACKEND_GPU_HYBRID, {NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, NVJPEG_FLAGS_DEFAULT}))
+      throw core::Error("nvJPEG: cannot create the GPU-hybrid backend");
+    check(nvjpegJpegStreamCreate(primary().handle, &parsed_), "creating a stream parser");
+  }
+  ~NvjpegBatchDecoder() override {
+    if (parsed_) nvjpegJpegStreamDestroy(parsed_);
+  }
+
+  std::string name() const override {
+    return has_hardware_ ? "nvJPEG hardware decoder" : "nvJPEG GPU hybrid (no hardware JPEG decoder on this GPU)";
+  }
+  DecodeStats stats() const override { return stats_; }
+
+  std::vector<char> decode(std::span<const EncodedJpeg> images, std::span<uint8_t* const> dst,
+                           cudaStream_t stream) override {
+    std::vector<size_t> to_hardware, to_hybrid, to_cpu;
+    for (size_t i = 0; i < images.size(); ++i) {
+      const auto& b = images[i].bytes;
+      // Parsed and checked by the handle that decodes it (as NVIDIA's samples do); what the
+      // hardware refuses goes to the hybrid backend, and only its failures to the CPU.
+      if (nvjpegJpegStreamParseHeader(primary().handle, b.data(), b.size(), parsed_) != NVJPEG_STATUS_SUCCESS)
+        to_cpu.push_back(i);  // TurboJPEG decides whether it is corrupt
+      else if (!supported(primary())) (has_hardware_ ? to_hybrid : to_cpu).push_back(i);
+      else (has_hardware_ ? to_hardware : to_hybrid).push_back(i);
+    }
+    if (hardware_.decode(images, dst, to_hardware, stream)) stats_.hardware += int64_t(to_hardware.size());
+    else to_hybrid.insert(to_hybrid.end(), to_hardware.begin(), to_hardware.end());
+    if (hybrid_.decode(images, dst, to_hybrid, stream)) stats_.gpu_hybrid += int64_t(to_hybrid.size());
+    else to_cpu.insert(to_cpu.end(), to_hybrid.begin(), to_hybrid.end());
+    std::vector<char> ok(images.size(), 1);
+    if (to_cpu.empty()) return ok;
+    stats_.cpu += int64_t(to_cpu.size());
+    std::vector<EncodedJpeg> sub;
+    std::vector<uint8_t*> sub_dst;
+    for (size_t i : to_cpu) {
+      sub.push_back(images[i]);
+      sub_dst.push_back(dst[i]);
+    }
+    const std::vector<char> sub_ok = cpu_->decode(sub, sub_dst, stream);
+    for (size_t k = 0; k < to_cpu.size(); ++k) ok[to_cpu[k]] = sub_ok[k];
+    return ok;
+  }
+
+ private:
+  Backend& primary() { return has_hardware_ ? hardware_ : hybrid_; }
+  bool supported(const Backend& b) const {
+    int unsupported = 1;  // nvJPEG sets 0 when the backend can decode the parsed stream
+    return nvjpegDecodeBatchedSupported(b.handle, parsed_, &unsupported) == NVJPEG_STATUS_SUCCESS && unsupported == 0;
+  }
+
+  std::unique_ptr<BatchDecoder> cpu_;
+  Backend hardware_, hybrid_;
+  bool has_hardware_ = false;
+  nvjpegJpegStream_t parsed_ = nullptr;
+  DecodeStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchDecoder> make_nvjpeg_batch_decoder(int threads) {
+  return std::make_unique<NvjpegBatchDecoder>(threads);
+}
+
+}  // namespace gpulab::data

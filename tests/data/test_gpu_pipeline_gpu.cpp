@@ -1,0 +1,438 @@
+// The GPU pipeline on a device: the resize kernel against the CPU augmentation, the GPU loader
+// against the CPU loader batch for batch (same images, labels, crops), nvJPEG against TurboJPEG,
+// corrupt files, reproducibility, and the consumer-stream handshake.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "common/gpu.h"
+#include "common/temp_dir.h"
+#include "core/dtype.h"
+#include "core/memory.h"
+#include "data/dataset.h"
+#include "data/gpu_augment.h"
+#include "data/gpu_decode.h"
+#include "data/gpu_loader.h"
+#include "data/load_rate.h"
+#include "data/loader.h"
+
+using namespace gpulab;
+using namespace gpulab::data;
+using gpulab::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+Image noise_image(int w, int h, uint64_t seed) {
+  Rng rng(seed);
+  Image img{w, h, std::vector<uint8_t>(size_t(w) * h * 3)};
+  for (auto& v : img.rgb) v = uint8_t(rng.next());
+  return img;
+}
+
+// `n` elements of type `dt` as floats.
+std::vector<float> as_floats(const std::byte* p, size_t n, core::DType dt) {
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == core::DType::f32) {
+      std::memcpy(&out[i], p + i * 4, 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, p + i * 2, 2);
+      out[i] = dt == core::DType::f16 ? core::f16_bits_to_float(bits) : core::bf16_bits_to_float(bits);
+    }
+  }
+  return out;
+}
+
+std::vector<float> device_floats(const void* p, size_t n, core::DType dt) {
+  std::vector<std::byte> host(n * core::dtype_size(dt));
+  GPULAB_CHECK(cudaMemcpy(host.data(), p, host.size(), cudaMemcpyDeviceToHost));
+  return as_floats(host.data(), n, dt);
+}
+
+// atol + rtol * |ref| per element, NaN/Inf fail; returns the number of mismatches (first few printed).
+int64_t count_mismatches(const std::vector<float>& got, const std::vector<float>& want, float atol, float rtol,
+                         const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    if (!std::isfinite(got[i]) || std::abs(got[i] - want[i]) > atol + rtol * std::abs(want[i]))
+      if (++bad <= 5) ADD_FAILURE() << what << " element " << i << ": got " << got[i] << ", want " << want[i];
+  return bad;
+}
+
+double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += std::abs(double(a[i]) - b[i]);
+  return a.empty() ? 0 : s / double(a.size());
+}
+
+MakeOptions dataset_options(int classes, int images, int width, int height) {
+  MakeOptions mo;
+  mo.classes = classes;
+  mo.train_images = images;
+  mo.val_images = 1;
+  mo.width = width;
+  mo.height = height;
+  mo.seed = 21;
+  mo.threads = 4;
+  return mo;
+}
+
+struct Tol {
+  float atol, rtol;
+};
+// The kernel computes what resized_crop() computes, in float, with fused multiply-adds: f32
+// agrees to float rounding; f16/bf16 may round the other way at a tie, one unit in the last place.
+Tol tolerance(core::DType dt) {
+  if (dt == core::DType::f16) return {1e-4f, 1.f / 1024};
+  if (dt == core::DType::bf16) return {1e-4f, 1.f / 128};
+  return {1e-4f, 0};
+}
+
+}  // namespace
+
+TEST(GpuAugment, KernelMatchesCpuAugmentationEveryDtype) {
+  GPULAB_REQUIRE_GPU();
+  const std::vector<std::pair<int, int>> sizes = {{500, 375}, {375, 500}, {97, 61}, {224, 224}, {1000, 80}, {31, 400}};
+  for (int size : {224, 37}) {
+    std::vector<Image> imgs;
+    std::vector<core::DeviceBuffer<uint8_t>> dev;
+    std::vector<ResizeJob> jobs;
+    std::vector<std::pair<CropBox, bool>> train_draws;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      imgs.push_back(noise_image(sizes[i].first, sizes[i].second, 100 + i));
+      dev.emplace_back(imgs.back().rgb.size());
+      GPULAB_CHECK(cudaMemcpy(dev.back().get(), imgs.back().rgb.data(), imgs.back().rgb.size(), cudaMemcpyHostToDevice));
+    }
+    AugmentSpec spec;
+    spec.size = size;
+    Rng rng(7);
+    for (size_t i = 0; i < imgs.size(); ++i) {  // a train job per image (a flip on every other), then an eval job
+      TrainDraw d = draw_train(imgs[i].width, imgs[i].height, rng, spec);
+      d.flip = i % 2 == 1;
+      jobs.push_back(train_job(dev[i].get(), imgs[i].width, imgs[i].height, d, size));
+      train_draws.emplace_back(d.box, d.flip);
+    }
+    for (size_t i = 0; i < imgs.size(); ++i) jobs.push_back(eval_job(dev[i].get(), imgs[i].width, imgs[i].height, size));
+    core::DeviceBuffer<ResizeJob> djobs(jobs.size());
+    GPULAB_CHECK(cudaMemcpy(djobs.get(), jobs.data(), jobs.size() * sizeof(ResizeJob), cudaMemcpyHostToDevice));
+    const size_t per_image = size_t(size) * size * 3;
+    for (core::DType dt : {core::DType::f32, core::DType::f16, core::DType::bf16}) {
+      spec.out = dt;
+      core::DeviceBuffer<std::byte> out(per_image * jobs.size() * core::dtype_size(dt));
+      GPULAB_CHECK(cudaMemset(out.get(), 0xFF, out.bytes()));  // NaN in every float type
+      resized_crop_normalize(djobs.get(), int(jobs.size()), spec, out.get(), nullptr);
+      GPULAB_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = device_floats(out.get(), per_image * jobs.size(), dt);
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        const Image& img = imgs[j % imgs.size()];
+        std::vector<std::byte> want(per_image * core::dtype_size(dt));
+        if (j < imgs.size())
+          normalize_into(resized_crop(img, train_draws[j].first, size, size), size, size, train_draws[j].second, spec,
+                         want.data());
+        else
+          augment_eval(img, spec, want.data());
+        const std::vector<float> g(got.begin() + long(j * per_image), got.begin() + long((j + 1) * per_image));
+        const Tol t = tolerance(dt);
+        EXPECT_EQ(count_mismatches(g, as_floats(want.data(), per_image, dt), t.atol, t.rtol,
+                                   std::string(core::dtype_name(dt)) + " size " + std::to_string(size) + " job " +
+                                       std::to_string(j)),
+                  0);
+      }
+    }
+  }
+}
+
+TEST(GpuLoader, CpuDecodeMatchesTheCpuLoaderBatchForBatch) {
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_loader_cpu");
+  make_dataset(t.path, dataset_options(3, 10, 200, 150));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  for (bool train : {true, false}) {
+    LoaderOptions lo;
+    lo.batch = 8;
+    lo.threads = 3;
+    lo.seed = 9;
+    lo.train = train;
+    lo.augment.size = 32;
+    GpuLoaderOptions go;
+    go.batch = lo.batch;
+    go.threads = 2;
+    go.seed = lo.seed;
+    go.train = train;
+    go.augment = lo.augment;
+    go.decode = DecodeBackend::cpu;
+    Loader cpu(folder, lo);
+    GpuLoader gpu(folder, go);
+    EXPECT_EQ(gpu.decoder_name(), "TurboJPEG (CPU) + upload");
+    ASSERT_EQ(gpu.batches_per_epoch(), cpu.batches_per_epoch());
+    core::Stream stream;
+    const size_t n = size_t(lo.batch) * 32 * 32 * 3;
+    for (int b = 0; b < 8; ++b) {  // crosses epochs and reuses every slot twice
+      const Batch& want = cpu.next();
+      const GpuBatch& got = gpu.next(stream);
+      ASSERT_EQ(got.index, b);
+      EXPECT_EQ(got.epoch, want.epoch);
+      std::vector<int32_t> labels(size_t(lo.batch));
+      GPULAB_CHECK(cudaMemcpyAsync(labels.data(), got.labels, labels.size() * 4, cudaMemcpyDeviceToHost, stream));
+      std::vector<std::byte> images(n * 4);
+      GPULAB_CHECK(cudaMemcpyAsync(images.data(), got.images, images.size(), cudaMemcpyDeviceToHost, stream));
+      stream.synchronize();
+      EXPECT_EQ(labels, want.labels) << "batch " << b;
+      EXPECT_EQ(count_mismatches(as_floats(images.data(), n, core::DType::f32),
+                                 as_floats(want.images.data(), n, core::DType::f32), 1e-4f, 0,
+                                 std::string(train ? "train" : "eval") + " batch " + std::to_string(b)),
+                0);
+    }
+  }
+}
+
+TEST(GpuLoader, NvjpegDecodeIsCloseToTurboJpeg) {
+  GPULAB_REQUIRE_GPU();
+  if (!nvjpeg_built()) GTEST_SKIP() << "gpulab was built without nvJPEG";
+  TempDir t("nvjpeg_decode");
+  make_dataset(t.path, dataset_options(4, 6, 500, 375));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<EncodedJpeg> jpegs;
+  std::vector<Image> want;
+  for (const Sample& s : folder.samples) files.push_back(read_file_bytes(s.path));
+  for (size_t i = 0; i < files.size(); ++i) {
+    want.push_back(decode_jpeg(files[i], folder.samples[i].path.string()));
+    jpegs.push_back({files[i], want.back().width, want.back().height});
+  }
+  const size_t bytes = want[0].rgb.size();
+  const size_t stride = (bytes + 255) / 256 * 256;  // as the loader lays images out
+  core::DeviceBuffer<uint8_t> out(stride * files.size());
+  GPULAB_CHECK(cudaMemset(out.get(), 0, out.bytes()));
+  std::vector<uint8_t*> dst;
+  for (size_t i = 0; i < files.size(); ++i) dst.push_back(out.get() + i * stride);
+  auto decoder = make_batch_decoder(DecodeBackend::nvjpeg, 2);
+  std::cout << "decoder: " << decoder->name() << "\n";
+  core::Stream stream;
+  const std::vector<char> ok = decoder->decode(jpegs, dst, stream);
+  stream.synchronize();
+  const DecodeStats st = decoder->stats();
+  std::cout << "decoded: hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
+  EXPECT_EQ(st.cpu, 0) << "baseline 4:2:0 JPEGs should all decode on the GPU";
+  if (decoder->name().find("hardware") != std::string::npos)
+    EXPECT_EQ(st.hardware, int64_t(files.size())) << "the hardware engines should take baseline JPEGs";
+  std::vector<uint8_t> got(out.size());
+  GPULAB_CHECK(cudaMemcpy(got.data(), out.get(), got.size(), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < files.size(); ++i) {
+    ASSERT_TRUE(ok[i]) << i;
+    double sum = 0;
+    int64_t far = 0;
+    int worst = 0;
+    for (size_t k = 0; k < bytes; ++k) {
+      const int d = std::abs(int(got[i * stride + k]) - int(want[i].rgb[k]));
+      sum += d;
+      far += d > 24;
+      worst = std::max(worst, d);
+    }
+    // The IDCTs and chroma upsampling differ slightly: small on average, large only at a few colour edges.
+    EXPECT_LE(sum / double(bytes), 1.5) << "image " << i << " (max " << worst << ")";
+    EXPECT_LE(double(far) / double(bytes), 0.01) << "image " << i;
+  }
+}
+
+TEST(GpuLoader, NvjpegPipelineMatchesTheCpuLoader) {
+  GPULAB_REQUIRE_GPU();
+  if (!nvjpeg_built()) GTEST_SKIP() << "gpulab was built without nvJPEG";
+  TempDir t("gpu_loader_nvjpeg");
+  make_dataset(t.path, dataset_options(3, 12, 500, 375));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  LoaderOptions lo;
+  lo.batch = 16;
+  lo.threads = 4;
+  lo.seed = 5;
+  lo.augment.size = 224;
+  GpuLoaderOptions go;
+  go.batch = lo.batch;
+  go.threads = 4;
+  go.seed = lo.seed;
+  go.augment = lo.augment;
+  go.decode = DecodeBackend::nvjpeg;
+  Loader cpu(folder, lo);
+  GpuLoader gpu(folder, go);
+  core::Stream stream;
+  const size_t n = size_t(lo.batch) * 224 * 224 * 3;
+  for (int b = 0; b < 4; ++b) {
+    const Batch& want = cpu.next();
+    const GpuBatch& got = gpu.next(stream);
+    std::vector<int32_t> labels(size_t(lo.batch));
+    GPULAB_CHECK(cudaMemcpyAsync(labels.data(), got.labels, labels.size() * 4, cudaMemcpyDeviceToHost, stream));
+    stream.synchronize();
+    EXPECT_EQ(labels, want.labels) << "batch " << b;
+    const std::vector<float> g = device_floats(got.images, n, core::DType::f32);
+    const std::vector<float> w = as_floats(want.images.data(), n, core::DType::f32);
+    for (float v : g) ASSERT_TRUE(std::isfinite(v));
+    // About 1.5 grey levels (/255/0.225): decoder differences only; a wrong crop or flip is ~0.5.
+    EXPECT_LE(mean_abs_diff(g, w), 0.03) << "batch " << b;
+  }
+}
+
+TEST(GpuLoader, CorruptFilesAreSkippedAsTheCpuLoaderSkipsThem) {
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_loader_corrupt");
+  make_dataset(t.path, dataset_options(2, 6, 160, 120));
+  const fs::path junk = t.path / "train" / "c0000_red_circle" / "img_000001.JPEG";
+  const fs::path cut = t.path / "train" / "c0001_red_square" / "img_000004.JPEG";
+  std::ofstream(junk, std::ios::trunc) << "not a jpeg at all";
+  std::vector<uint8_t> bytes = read_file_bytes(cut);
+  bytes.resize(bytes.size() * 2 / 3);  // an interrupted download
+  std::ofstream(cut, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  for (DecodeBackend backend : {DecodeBackend::cpu, DecodeBackend::automatic}) {
+    LoaderOptions lo;
+    lo.batch = 4;
+    lo.threads = 2;
+    lo.seed = 1;
+    lo.augment.size = 16;
+    GpuLoaderOptions go;
+    go.batch = lo.batch;
+    go.threads = 2;
+    go.seed = lo.seed;
+    go.augment = lo.augment;
+    go.decode = backend;
+    Loader cpu(folder, lo);
+    GpuLoader gpu(folder, go);
+    core::Stream stream;
+    for (int b = 0; b < 6; ++b) {  // two epochs of 3 batches
+      const Batch& want = cpu.next();
+      const GpuBatch& got = gpu.next(stream);
+      EXPECT_EQ(got.skipped, want.skipped) << gpu.decoder_name() << " batch " << b;
+      std::vector<int32_t> labels(size_t(lo.batch));
+      GPULAB_CHECK(cudaMemcpyAsync(labels.data(), got.labels, labels.size() * 4, cudaMemcpyDeviceToHost, stream));
+      stream.synchronize();
+      EXPECT_EQ(labels, want.labels) << gpu.decoder_name() << " batch " << b;
+    }
+    EXPECT_EQ(gpu.skipped_total(), cpu.skipped_total());
+    EXPECT_GE(gpu.skipped_total(), 4);  // each corrupt file at least once per epoch
+    EXPECT_EQ(gpu.corrupt_files(), (std::vector<std::string>{junk.string(), cut.string()}));
+  }
+}
+
+TEST(GpuLoader, AllCorruptIsAnErrorNotAHang) {
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_loader_all_bad");
+  fs::create_directories(t.path / "a");
+  for (int i = 0; i < 3; ++i) std::ofstream(t.path / "a" / ("x" + std::to_string(i) + ".jpg")) << "nope";
+  GpuLoaderOptions go;
+  go.batch = 2;
+  go.augment.size = 8;
+  GpuLoader gpu(scan_image_folder(t.path), go);
+  core::Stream stream;
+  EXPECT_THROW(gpu.next(stream), core::InputError);
+}
+
+// Batches copied out on `stream`; with `slow_consumer`, a 30 ms host stall sits before each copy
+// on the stream, so a loader that did not wait for the consumer would overwrite the batch first.
+std::vector<std::vector<std::byte>> run_loader(const ImageFolder& folder, const GpuLoaderOptions& go, int batches,
+                                               bool slow_consumer) {
+  GpuLoader gpu(folder, go);
+  core::Stream stream;
+  const size_t bytes = size_t(go.batch) * go.augment.size * go.augment.size * 3 * core::dtype_size(go.augment.out);
+  std::vector<std::vector<std::byte>> out;
+  std::vector<core::PinnedBuffer<std::byte>> pinned;
+  for (int b = 0; b < batches; ++b) {
+    const GpuBatch& batch = gpu.next(stream);
+    if (slow_consumer)
+      GPULAB_CHECK(cudaLaunchHostFunc(
+          stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }, nullptr));
+    pinned.emplace_back(bytes);
+    GPULAB_CHECK(cudaMemcpyAsync(pinned.back().get(), batch.images, bytes, cudaMemcpyDeviceToHost, stream));
+  }
+  stream.synchronize();
+  for (auto& p : pinned) out.emplace_back(p.get(), p.get() + bytes);
+  return out;
+}
+
+TEST(GpuLoader, SameSeedSameBytesAndTheConsumerStreamIsRespected) {
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_loader_seed");
+  make_dataset(t.path, dataset_options(3, 8, 320, 240));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  GpuLoaderOptions go;
+  go.batch = 6;
+  go.threads = 2;
+  go.seed = 42;
+  go.augment.size = 64;
+  go.augment.out = core::DType::bf16;
+  const auto a = run_loader(folder, go, 7, false);
+  const auto b = run_loader(folder, go, 7, true);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i] == b[i]) << "batch " << i << " differs between runs";
+  go.seed = 43;
+  const auto c = run_loader(folder, go, 1, false);
+  EXPECT_FALSE(a[0] == c[0]) << "another seed must give other crops";
+}
+
+TEST(GpuLoader, GarbledScanDataNeverCrashes) {
+  // Header and end marker intact, entropy-coded data overwritten: only a decoder can tell. The
+  // TurboJPEG path skips it as the CPU loader does; nvJPEG may decode it to noise or reject it
+  // (then TurboJPEG decides), but the batch always arrives.
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_loader_garbled");
+  make_dataset(t.path, dataset_options(2, 6, 160, 120));
+  const fs::path victim = t.path / "train" / "c0001_red_square" / "img_000002.JPEG";
+  std::vector<uint8_t> bytes = read_file_bytes(victim);
+  Rng rng(3);
+  for (size_t i = bytes.size() / 2; i < bytes.size() * 3 / 4; ++i) bytes[i] = uint8_t(rng.next() % 0xFF);  // no 0xFF
+  std::ofstream(victim, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  for (DecodeBackend backend : {DecodeBackend::cpu, DecodeBackend::automatic}) {
+    LoaderOptions lo;
+    lo.batch = 6;
+    lo.threads = 2;
+    lo.augment.size = 16;
+    GpuLoaderOptions go;
+    go.batch = lo.batch;
+    go.threads = 2;
+    go.augment = lo.augment;
+    go.decode = backend;
+    Loader cpu(folder, lo);
+    GpuLoader gpu(folder, go);
+    core::Stream stream;
+    int64_t cpu_skipped = 0;
+    for (int b = 0; b < 4; ++b) {
+      cpu_skipped += cpu.next().skipped;
+      const GpuBatch& got = gpu.next(stream);
+      for (float v : device_floats(got.images, size_t(lo.batch) * 16 * 16 * 3, core::DType::f32)) ASSERT_TRUE(std::isfinite(v));
+    }
+    const DecodeStats st = gpu.decode_stats();
+    std::cout << gpu.decoder_name() << ": skipped " << gpu.skipped_total() << " (CPU loader " << cpu_skipped
+              << "); decoded by hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
+    if (backend == DecodeBackend::cpu) EXPECT_EQ(gpu.skipped_total(), cpu_skipped);
+    EXPECT_GE(cpu_skipped, 1);
+  }
+}
+
+TEST(GpuLoader, LoadRateOfBothPipelines) {
+  // Not a benchmark (no bar): the gpu pipeline delivers every batch and reports its decoder.
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_load_rate");
+  make_dataset(t.path, dataset_options(4, 32, 500, 375));
+  LoadRateOptions opt;
+  opt.batch = 32;
+  opt.batches = 8;
+  opt.threads = 4;
+  for (const char* pipeline : {"cpu", "gpu"}) {
+    opt.pipeline = pipeline;
+    const LoadRate r = measure_load_rate(t.path, opt);
+    std::cout << pipeline << " pipeline: " << r.images_per_second << " img/s " << r.decoder << "\n";
+    EXPECT_EQ(r.images, 256);
+    EXPECT_GT(r.images_per_second, 0);
+    if (std::string(pipeline) == "gpu") {
+      EXPECT_FALSE(r.decoder.empty());
+      // The loader runs up to `prefetch` batches ahead of the last one taken.
+      EXPECT_GE(r.decode.hardware + r.decode.gpu_hybrid + r.decode.cpu, int64_t(opt.batch) * (opt.batches + opt.warmup));
+    }
+  }
+}

@@ -1,0 +1,87 @@
+// `gpulab train --pipeline gpu` end to end: the GPU loader feeds the network, learns the `shapes`
+// task as the CPU loader does, skips a corrupt file, and starts from the CPU pipeline's inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "common/gpu.h"
+#include "common/temp_dir.h"
+#include "data/dataset.h"
+#include "train/trainer.h"
+
+using namespace gpulab;
+using namespace gpulab::train;
+
+TEST(TrainerPipelineGpu, GpuPipelineLearnsShapesAndSkipsACorruptFile) {
+  GPULAB_REQUIRE_GPU();
+  gpulab::testing::TempDir dir("train_gpu_pipeline");
+  data::MakeOptions mo;
+  mo.classes = 6;
+  mo.train_images = 40;
+  mo.val_images = 10;
+  mo.width = 96;
+  mo.height = 72;
+  mo.seed = 4;
+  mo.threads = 8;
+  data::make_dataset(dir.path, mo);
+  const auto victim = dir.path / "train" / "c0002_red_triangle" / "img_000007.JPEG";
+  std::ofstream(victim, std::ios::trunc) << "corrupt";
+
+  TrainOptions o;
+  o.data = dir.path.string();
+  o.pipeline = "gpu";
+  o.depth = 18;
+  o.image_size = 64;
+  o.batch = 24;
+  o.steps = 150;
+  o.warmup_steps_untimed = 2;
+  o.schedule.base = 0.02;  // as the CPU-loader test of the same task (test_trainer_gpu.cpp)
+  o.schedule.warmup = 10;
+  o.precision = "bf16";
+  o.eval = true;
+  std::vector<float> losses;
+  const TrainReport r = run_training(o, [&](const StepReport& s) { losses.push_back(s.loss); });
+  std::printf("GPU pipeline decoder: %s\n", r.decoder.c_str());
+  EXPECT_FALSE(r.decoder.empty());
+  EXPECT_GE(r.corrupt_skipped, 1);
+  ASSERT_EQ(r.corrupt_files.size(), 1u);
+  EXPECT_EQ(r.corrupt_files[0], victim.string());
+  ASSERT_EQ(losses.size(), 150u);
+  double tail = 0;
+  for (size_t i = losses.size() - 10; i < losses.size(); ++i) tail += losses[i] / 10;
+  std::printf("GPU pipeline shapes: last-10 loss %.3f, validation top-1 %.1f%%\n", tail, 100 * r.val_top1);
+  EXPECT_LT(tail, 0.8 * std::log(6.0));  // chance is ln 6 whatever the smoothing
+  EXPECT_GT(r.val_top1, 0.4);            // chance is 1/6
+}
+
+TEST(TrainerPipelineGpu, FirstStepLossAgreesWithTheCpuPipeline) {
+  // Same seed: same images, labels and crops; pixels differ only by the JPEG decoder, so the
+  // first loss (before any update) agrees closely. A wrong crop, flip or label order does not.
+  GPULAB_REQUIRE_GPU();
+  gpulab::testing::TempDir dir("train_gpu_pipeline_loss");
+  data::MakeOptions mo;
+  mo.classes = 8;
+  mo.train_images = 8;
+  mo.val_images = 1;
+  mo.width = 160;
+  mo.height = 120;
+  mo.threads = 8;
+  data::make_dataset(dir.path, mo);
+  float first[2] = {0, 0};
+  for (int gpu = 0; gpu < 2; ++gpu) {
+    TrainOptions o;
+    o.data = dir.path.string();
+    o.pipeline = gpu ? "gpu" : "cpu";
+    o.depth = 18;
+    o.image_size = 64;
+    o.batch = 32;
+    o.steps = 1;
+    o.seed = 11;
+    o.label_smoothing = 0;
+    run_training(o, [&](const StepReport& s) { first[gpu] = s.loss; });
+  }
+  std::printf("first-step loss: cpu pipeline %.6f, gpu pipeline %.6f\n", first[0], first[1]);
+  ASSERT_TRUE(std::isfinite(first[1]));
+  EXPECT_NEAR(first[1], first[0], 5e-3 * std::abs(first[0]));
+}
