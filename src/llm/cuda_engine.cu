@@ -121,6 +121,7 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<std::byte> act_q;
   core::DeviceBuffer<float> act_scales, row_amax;
   core::DeviceBuffer<bf16> linear_out;
+  bool fp8_into_float = true;  // cuBLASLt accumulates fp8 products into the float residual itself
   core::PinnedBuffer<float> logits_host;
 
   // Step metadata: one int32 block mirrored in pinned host memory, copied up once per step;
@@ -161,8 +162,9 @@ struct CudaEngine::Impl {
 
   // y = x·Wᵀ for x [m, L.k] bf16, into y [m, L.n] of y_type (accumulate: y += x·Wᵀ, y float).
   // fp8: x is quantized first (scales per token or per tensor), the GEMM scales each output by
-  // its row's and its channel's scale and writes bf16, added into y by a second kernel when
-  // accumulating (cuBLASLt's outer-vector fp8 scaling is used with bf16 output only).
+  // its row's and its channel's scale and writes bf16; accumulating, it adds straight into the
+  // float y where cuBLASLt takes that with outer-vector scales, else a second kernel adds the
+  // bf16 product (decided at the first accumulating call, always an eager one).
   void linear(const Linear& L, const bf16* x, void* y, DType y_type, int64_t m, bool accumulate) {
     const blas::MatmulShape shape{m, L.n, L.k, false, true};
     if (L.dtype == kAct) {
@@ -175,6 +177,16 @@ struct CudaEngine::Impl {
                                                                                : kernels::Fp8Granularity::row;
     kernels::fp8_quantize(act_q.get(), act_scales.get(), x, kAct, m, L.k, granularity, row_amax.get(), *stream);
     const blas::Fp8Scales scales{act_scales.get(), reinterpret_cast<const float*>(weights.get() + L.scales), true};
+    if (accumulate && fp8_into_float) {
+      try {
+        blas->matmul(shape, {DType::f8e4m3, DType::f8e4m3, DType::f32}, act_q.get(), weights.get() + L.w, y, *stream,
+                     1.f, 1.f, scales);
+        return;
+      } catch (const core::Error& e) {
+        fp8_into_float = false;
+        core::log_info("fp8 GEMMs write bf16 and a kernel adds them to the residual (", e.what(), ")");
+      }
+    }
     void* out = accumulate ? static_cast<void*>(linear_out.get()) : y;
     blas->matmul(shape, {DType::f8e4m3, DType::f8e4m3, kAct}, act_q.get(), weights.get() + L.w, out, *stream, 1.f,
                  0.f, scales);
