@@ -33,7 +33,7 @@ void fp8_quantize(void* out, float* scales, const void* in, core::DType in_dtype
                   Fp8Granularity granularity, float* row_amax, cudaStream_t stream);
 
 // x[i] += y[i] for a float32 x and y of `y_dtype` (fp32/fp16/bf16): the residual add after an fp8
-// linear layer, whose GEMM writes bf16.
+// linear layer whose GEMM writes bf16 (where cuBLASLt cannot accumulate into float itself).
 void accumulate(float* x, const void* y, core::DType y_dtype, int64_t n, cudaStream_t stream);
 
 // CPU references: bit-identical results (division and the conversion both round to nearest even).

@@ -128,6 +128,7 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<std::byte> act_q;
   core::DeviceBuffer<float> act_scales, row_amax;
   core::DeviceBuffer<bf16> linear_out;
+  bool fp8_into_float = false;  // cuBLASLt accumulates fp8 products into the float residual itself
   core::PinnedBuffer<float> logits_host;
 
   // Step metadata: one int32 block mirrored in pinned host memory, copied up once per step;
@@ -166,10 +167,15 @@ struct CudaEngine::Impl {
   bool fp8() const { return opt.weights == WeightFormat::fp8; }
   DType linear_dtype() const { return fp8() ? DType::f8e4m3 : kAct; }
 
+  // The GEMM scales of fp8 layer L: the activation's per-row scales, L's per-channel ones.
+  blas::Fp8Scales fp8_scales(const Linear& L) const {
+    return {act_scales.get(), reinterpret_cast<const float*>(weights.get() + L.scales), true};
+  }
+
   // y = x·Wᵀ + beta·y for x [m, L.k] bf16, into y [m, L.n] of y_type (beta 1 only into float: the
   // residual). fp8: x is quantized first (scales per token or per tensor), the GEMM scales each
-  // output by its row's and its channel's scale and writes bf16, which a second kernel adds into
-  // a float y (cuBLASLt's outer-vector fp8 scaling is used with bf16 output only).
+  // output by its row's and its channel's scale and writes bf16 (or, into a float y, straight
+  // there where cuBLASLt takes that: fp8_into_float), else a second kernel adds the bf16 product.
   void linear(const Linear& L, const bf16* x, void* y, DType y_type, int64_t m, float beta) {
     const blas::MatmulShape shape{m, L.n, L.k, false, true};
     if (L.dtype == kAct) {
@@ -182,10 +188,14 @@ struct CudaEngine::Impl {
     const auto granularity = opt.fp8_activations == Fp8ActivationScale::tensor ? kernels::Fp8Granularity::tensor
                                                                                : kernels::Fp8Granularity::row;
     kernels::fp8_quantize(act_q.get(), act_scales.get(), x, kAct, m, L.k, granularity, row_amax.get(), *stream);
-    const blas::Fp8Scales scales{act_scales.get(), reinterpret_cast<const float*>(weights.get() + L.scales), true};
+    if (to_float && fp8_into_float) {
+      blas->matmul(shape, {DType::f8e4m3, DType::f8e4m3, DType::f32}, act_q.get(), weights.get() + L.w, y, *stream,
+                   1.f, beta, fp8_scales(L));
+      return;
+    }
     void* out = to_float ? static_cast<void*>(linear_out.get()) : y;
     blas->matmul(shape, {DType::f8e4m3, DType::f8e4m3, kAct}, act_q.get(), weights.get() + L.w, out, *stream, 1.f,
-                 0.f, scales);
+                 0.f, fp8_scales(L));
     if (!to_float) return;
     if (beta == 0.f) GPULAB_CHECK(cudaMemsetAsync(y, 0, m * L.n * sizeof(float), *stream));
     kernels::accumulate(static_cast<float*>(y), out, kAct, m * L.n, *stream);
@@ -375,6 +385,25 @@ struct CudaEngine::Impl {
     meta_at = plan_meta(m);
     meta = core::DeviceBuffer<int32_t>(m.bytes / 4);
     meta_host = core::PinnedBuffer<int32_t>(m.bytes / 4);
+  }
+
+  // Whether cuBLASLt accumulates fp8 products with outer-vector scales into float C (saving the
+  // add kernel after o_proj and down): tried once, on their shapes at 1, max_batch and max_tokens
+  // rows, before any step (the result lands in x, which every pass overwrites).
+  bool probe_fp8_into_float() {
+    GPULAB_CHECK(cudaMemsetAsync(act_q.get(), 0, act_q.bytes(), *stream));
+    GPULAB_CHECK(cudaMemsetAsync(act_scales.get(), 0, act_scales.bytes(), *stream));
+    try {
+      for (const Linear* L : {&layers.at(0).o, &layers.at(0).down})
+        for (int64_t m : {int64_t{1}, opt.max_batch, max_tokens})
+          blas->matmul({m, L->n, L->k, false, true}, {DType::f8e4m3, DType::f8e4m3, DType::f32}, act_q.get(),
+                       weights.get() + L->w, x.get(), *stream, 1.f, 1.f, fp8_scales(*L));
+      stream->synchronize();
+      return true;
+    } catch (const core::Error& e) {
+      core::log_info("fp8 o_proj/down write bf16 and a kernel adds them to the residual: ", e.what());
+      return false;
+    }
   }
 
   void size_kv_pool() {
@@ -680,6 +709,7 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   m.inv_freq = core::DeviceBuffer<float>(inv.size());
   GPULAB_CHECK(cudaMemcpy(m.inv_freq.get(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
   m.allocate_buffers();
+  if (m.fp8()) m.fp8_into_float = m.probe_fp8_into_float();
   m.size_kv_pool();
   m.warm_up();
 }

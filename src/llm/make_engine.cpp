@@ -6,8 +6,6 @@
 namespace gpulab::llm {
 
 std::unique_ptr<Engine> make_engine(const WeightSource& weights, const EngineSpec& spec) {
-  if (spec.device == "cpu" && spec.cuda.weights != WeightFormat::bf16)
-    throw core::InputError("--weights fp8 needs --device cuda (the CPU reference computes in float32)");
   if (spec.device == "cpu" && spec.tp != 1)
     throw core::InputError("--tp " + std::to_string(spec.tp) + " needs --device cuda (the CPU engine runs unsharded)");
   if (spec.device == "cpu") return make_cpu_engine(weights, spec.cpu_kv_tokens, spec.threads);

@@ -73,9 +73,8 @@ TEST(BlasMatmulFp8, OuterVectorScalesArePerRowOfAAndPerOutputColumn) {
   }
 }
 
-// Not used by the engine (its fp8 o_proj/down write bf16 and a kernel adds them to the float
-// residual): whether cuBLASLt also takes float output accumulating into C with outer-vector
-// scales, which would save that kernel. Reported, and checked exactly where supported.
+// The engine's fp8 o_proj/down add into the float residual this way where cuBLASLt allows it
+// (else they write bf16 and a kernel adds that): reported, and checked exactly where supported.
 TEST(BlasMatmulFp8, OuterVectorScalesIntoAccumulatedFloat) {
   GPULAB_REQUIRE_GPU();
   blas::Blas blas;

@@ -353,6 +353,16 @@ TEST(Cli, GenerateCudaBatchOfCopiesAgrees) {
                        "/llama_tiny --ids 1,2,3 --max-tokens 8 --ignore-eos --batch 3 --json --gpu-memory-fraction 0.3");
   ASSERT_EQ(d.exit_code, 0) << d.out;
   EXPECT_EQ(json_after_log_lines(d.out)["generated_tokens"], 24);
+  // fp8 weights, random (quantized on the device) and from the checkpoint.
+  for (const std::string model :
+       {"--dummy-weights --config " + kData + "/llama_tiny/config.json", "--model " + kData + "/llama_tiny"}) {
+    const CliRun f = run("generate " + model + " --weights fp8 --ids 1,2,3 --max-tokens 8 --ignore-eos --batch 3 --json "
+                         "--gpu-memory-fraction 0.3");
+    ASSERT_EQ(f.exit_code, 0) << f.out;
+    const auto jf = json_after_log_lines(f.out);
+    EXPECT_EQ(jf["weights"].get<std::string>(), "fp8");
+    EXPECT_EQ(jf["generated_tokens"], 24);
+  }
 }
 
 TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
