@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -124,6 +125,9 @@ TpEngine::TpEngine(const WeightSource& weights, const EngineOptions& options, st
       throw core::InputError("GPU " + std::to_string(d) + " is not visible (" + std::to_string(visible) + " are)");
   m.devices = std::move(devices);
   shard_layout(weights.config(), {0, m.world()});  // a model that does not split fails here, before NCCL
+  // NVLink SHARP multicast stays off unless the user set it: these machines must not create
+  // multicast objects.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
   m.comms.resize(m.world());
   GPULAB_CHECK(ncclCommInitAll(m.comms.data(), m.world(), m.devices.data()));
   m.ranks.resize(m.world());
