@@ -12,6 +12,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace gpulab::llm {
 
@@ -36,12 +37,14 @@ struct TpEngine::Impl {
   std::mutex open_mutex;  // ranks must see open and close in one order
 
   std::vector<std::thread> threads;
+  std::mutex run_mutex;  // one job at a time (step and logits may come from different threads)
   std::mutex mutex;
   std::condition_variable wake, done;
   std::function<void(int)> job;
   uint64_t generation = 0;
   int pending = 0;
   bool stopping = false;
+  bool broken = false;       // a rank failed past a user error: the communicators are gone
   std::exception_ptr error;  // the first rank's failure of the current job
 
   int world() const { return static_cast<int>(devices.size()); }
@@ -72,18 +75,21 @@ struct TpEngine::Impl {
       }
       lock.lock();
       if (failure && !error) error = failure;
-      if (fatal && !comms.empty()) {
+      if (fatal && !broken) {
         // The other ranks may wait in a collective for this one: aborting frees them.
         for (ncclComm_t c : comms) GPULAB_CHECK_NOTHROW(ncclCommAbort(c));
         comms.clear();
+        broken = true;
       }
       if (--pending == 0) done.notify_all();
     }
   }
 
   // Runs fn(rank) on every rank's thread at once; rethrows the first failure.
-  void run(std::function<void(int)> fn) {
+  void run(std::function<void(int)> fn, bool teardown = false) {
+    std::lock_guard one_job(run_mutex);
     std::unique_lock lock(mutex);
+    if (broken && !teardown) throw core::Error("the tensor-parallel engine stopped after a rank failed");
     job = std::move(fn);
     error = nullptr;
     pending = world();
@@ -107,10 +113,14 @@ struct TpEngine::Impl {
     // Engines and communicators are torn down on their own GPU's thread, all ranks together
     // (destroying a communicator finalizes it with its peers).
     const std::vector<ncclComm_t> live = comms;
-    run([&](int r) {
-      ranks[r].reset();
-      if (!live.empty()) GPULAB_CHECK_NOTHROW(ncclCommDestroy(live[r]));
-    });
+    try {
+      run([&](int r) {
+        ranks[r].reset();
+        if (!live.empty()) GPULAB_CHECK_NOTHROW(ncclCommDestroy(live[r]));
+      }, true);
+    } catch (const std::exception& e) {  // a rank thread that could not select its GPU
+      core::log_error("tensor-parallel engine teardown: ", e.what());
+    }
     stop();
   }
 };
