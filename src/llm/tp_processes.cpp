@@ -1,6 +1,7 @@
 #include "llm/tp_processes.h"
 
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "core/error.h"

@@ -5,6 +5,9 @@
 // CPU reference.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>

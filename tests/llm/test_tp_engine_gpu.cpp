@@ -5,7 +5,9 @@
 // TP 1 within the bf16 tolerance, greedy tokens leaving TP 1's only at near ties.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
