@@ -86,7 +86,8 @@ int run_generate(const GenerateOptions& opt) {
   std::sort(ttft.begin(), ttft.end());
   if (opt.json_output) {
     const char* weights = spec.device == "cpu" ? "fp32" : spec.cuda.weights == llm::WeightFormat::fp8 ? "fp8" : "bf16";
-    nlohmann::json out = {{"device", engine->device_name()}, {"weights", weights}, {"prompt_tokens", prompt.size()},
+    nlohmann::json out = {{"device", engine->device_name()}, {"weights", weights}, {"tp", spec.tp},
+                          {"prompt_tokens", prompt.size()},
                           {"requests", opt.batch}, {"generated_tokens", generated}, {"seconds", seconds},
                           {"tokens_per_second", generated / seconds}, {"ttft_ms_median", ttft[ttft.size() / 2]},
                           {"results", nlohmann::json::array()}};
@@ -123,7 +124,9 @@ void add_generate_command(CLI::App& app, Runner& run) {
   sub->add_flag("--json", opt->json_output, "Print results and timings as JSON");
   sub->footer("Examples:\n  gpulab generate --model ~/models/Llama-3.2-1B --prompt 'The GPU is' --max-tokens 32\n"
               "  gpulab generate --dummy-weights --config llama3-8b --tokenizer tok.json --ids 1,2,3 --batch 64 "
-              "--max-tokens 256 --ignore-eos --json");
+              "--max-tokens 256 --ignore-eos --json\n"
+              "  gpulab generate --dummy-weights --config llama2-70b --ids 1,2,3 --batch 16 --max-tokens 128 "
+              "--ignore-eos --tp 8 --json");
   sub->callback([&run, opt] { run = [opt] { return run_generate(*opt); }; });
 }
 

@@ -423,8 +423,10 @@ struct CudaEngine::Impl {
                              " (raise the fraction, or lower --max-batch / --max-seq-len)");
     kv = core::DeviceBuffer<bf16>(2 * cfg.num_layers * num_blocks * opt.block_size * kvd);
     for (int64_t b = num_blocks - 1; b >= 0; --b) free_blocks.push_back(static_cast<int32_t>(b));
-    core::log_info("KV cache: ", num_blocks, " pages of ", opt.block_size, " tokens (", num_blocks * opt.block_size,
-                   " tokens, ", gib(kv.bytes()), "); weights ", gib(weight_bytes), ", buffers ", gib(buffer_bytes));
+    if (part.shard.rank == 0)  // ranks size alike: one line for all
+      core::log_info("KV cache: ", num_blocks, " pages of ", opt.block_size, " tokens (", num_blocks * opt.block_size,
+                     " tokens, ", gib(kv.bytes()), "); weights ", gib(weight_bytes), ", buffers ", gib(buffer_bytes),
+                     part.shard.world > 1 ? " per GPU" : "");
   }
 
   // The least of `value` over the tensor-parallel ranks (each calls this at the same point), so

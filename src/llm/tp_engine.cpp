@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -11,6 +12,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace gpulab::llm {
 
@@ -35,12 +37,14 @@ struct TpEngine::Impl {
   std::mutex open_mutex;  // ranks must see open and close in one order
 
   std::vector<std::thread> threads;
+  std::mutex run_mutex;  // one job at a time (step and logits may come from different threads)
   std::mutex mutex;
   std::condition_variable wake, done;
   std::function<void(int)> job;
   uint64_t generation = 0;
   int pending = 0;
   bool stopping = false;
+  bool broken = false;       // a rank failed past a user error: the communicators are gone
   std::exception_ptr error;  // the first rank's failure of the current job
 
   int world() const { return static_cast<int>(devices.size()); }
@@ -71,18 +75,21 @@ struct TpEngine::Impl {
       }
       lock.lock();
       if (failure && !error) error = failure;
-      if (fatal && !comms.empty()) {
+      if (fatal && !broken) {
         // The other ranks may wait in a collective for this one: aborting frees them.
         for (ncclComm_t c : comms) GPULAB_CHECK_NOTHROW(ncclCommAbort(c));
         comms.clear();
+        broken = true;
       }
       if (--pending == 0) done.notify_all();
     }
   }
 
   // Runs fn(rank) on every rank's thread at once; rethrows the first failure.
-  void run(std::function<void(int)> fn) {
+  void run(std::function<void(int)> fn, bool teardown = false) {
+    std::lock_guard one_job(run_mutex);
     std::unique_lock lock(mutex);
+    if (broken && !teardown) throw core::Error("the tensor-parallel engine stopped after a rank failed");
     job = std::move(fn);
     error = nullptr;
     pending = world();
@@ -106,10 +113,14 @@ struct TpEngine::Impl {
     // Engines and communicators are torn down on their own GPU's thread, all ranks together
     // (destroying a communicator finalizes it with its peers).
     const std::vector<ncclComm_t> live = comms;
-    run([&](int r) {
-      ranks[r].reset();
-      if (!live.empty()) GPULAB_CHECK_NOTHROW(ncclCommDestroy(live[r]));
-    });
+    try {
+      run([&](int r) {
+        ranks[r].reset();
+        if (!live.empty()) GPULAB_CHECK_NOTHROW(ncclCommDestroy(live[r]));
+      }, true);
+    } catch (const std::exception& e) {  // a rank thread that could not select its GPU
+      core::log_error("tensor-parallel engine teardown: ", e.what());
+    }
     stop();
   }
 };
@@ -124,6 +135,9 @@ TpEngine::TpEngine(const WeightSource& weights, const EngineOptions& options, st
       throw core::InputError("GPU " + std::to_string(d) + " is not visible (" + std::to_string(visible) + " are)");
   m.devices = std::move(devices);
   shard_layout(weights.config(), {0, m.world()});  // a model that does not split fails here, before NCCL
+  // NVLink SHARP multicast stays off unless the user set it: these machines must not create
+  // multicast objects.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
   m.comms.resize(m.world());
   GPULAB_CHECK(ncclCommInitAll(m.comms.data(), m.world(), m.devices.data()));
   m.ranks.resize(m.world());

@@ -5,6 +5,9 @@
 // CPU reference.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +24,7 @@
 #include "llm/make_engine.h"
 #include "llm/tensor_parallel.h"
 #include "llm/tp_engine.h"
+#include "llm/tp_processes.h"
 
 namespace gpulab::llm {
 namespace {
@@ -425,6 +429,40 @@ TEST(ShardedMath, GqaWithFewerKvHeadsThanRanksMatchesReference) {
   const WeightSource w = WeightSource::random(gqa_config(), 5);
   const std::vector<int32_t> prompt = {7, 1002, 0, 513, 44, 999, 250, 3, 3, 871, 126, 127};
   for (int world : {2, 4, 8}) expect_sharded_matches_reference(w, world, prompt);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Across processes: the leader's messages
+
+TEST(TpMessage, RoundTripsCallsStepsLogitsAndStop) {
+  TpMessage step;
+  step.calls = {{40, 1}, {17, 2}, {0, 1}, {5, 3}};
+  step.kind = TpMessage::Kind::step;
+  step.seqs = {2, 3};
+  step.chunks = {{9, 1023, 0, 77}, {5}};
+  TpMessage logits;
+  logits.kind = TpMessage::Kind::logits;
+  logits.chunks = {{1, 2, 3}};
+  TpMessage stop;  // no calls, no chunks
+  for (const TpMessage& m : {step, logits, stop}) {
+    const TpMessage back = decode(encode(m));
+    EXPECT_EQ(back.kind, m.kind);
+    ASSERT_EQ(back.calls.size(), m.calls.size());
+    for (size_t i = 0; i < m.calls.size(); ++i) {
+      EXPECT_EQ(back.calls[i].max_tokens, m.calls[i].max_tokens);
+      EXPECT_EQ(back.calls[i].seq, m.calls[i].seq);
+    }
+    EXPECT_EQ(back.seqs, m.seqs);
+    EXPECT_EQ(back.chunks, m.chunks);
+  }
+  std::vector<int64_t> words = encode(step);
+  EXPECT_THROW(decode(std::span(words).first(words.size() - 1)), core::Error);  // cut short
+  words.push_back(4);
+  EXPECT_THROW(decode(words), core::Error);  // a word left over
+  words = encode(step);
+  words[1 + 2 * 4] = 9;  // the kind
+  EXPECT_THROW(decode(words), core::Error);
+  EXPECT_THROW(decode(std::vector<int64_t>{}), core::Error);
 }
 
 }  // namespace

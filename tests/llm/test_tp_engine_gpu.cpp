@@ -5,9 +5,12 @@
 // TP 1 within the bf16 tolerance, greedy tokens leaving TP 1's only at near ties.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "common/gpu.h"
 #include "core/error.h"
@@ -16,6 +19,7 @@
 #include "llm/fixtures.h"
 #include "llm/make_engine.h"
 #include "llm/tp_engine.h"
+#include "llm/tp_processes.h"
 
 namespace gpulab::llm {
 namespace {
@@ -206,6 +210,87 @@ TEST(TpEngine, TpAboveTheVisibleGpusIsOneClearError) {
   if (n >= 8) {
     EXPECT_THROW(make_engine(tiny(), spec), core::InputError);
   }
+}
+
+// A tensor-parallel group as it runs over processes, here with a thread per rank: rank 0 a
+// LeaderEngine on GPU 0, ranks 1.. following it on their GPUs.
+class ProcessGroup {
+ public:
+  ProcessGroup(const WeightSource& w, int world) : comms_(world) {
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    std::vector<int> devices(world);
+    for (int r = 0; r < world; ++r) devices[r] = r;
+    GPULAB_CHECK(ncclCommInitAll(comms_.data(), world, devices.data()));
+    for (int r = 1; r < world; ++r)
+      followers_.emplace_back([this, &w, r, world] {
+        try {
+          GPULAB_CHECK(cudaSetDevice(r));
+          EngineOptions o = small_options();
+          o.shard = {r, world};
+          o.comm = comms_[r];
+          follow_leader(w, o);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "follower " << r << ": " << e.what();
+        }
+      });
+    GPULAB_CHECK(cudaSetDevice(0));
+    EngineOptions o = small_options();
+    o.shard = {0, world};
+    o.comm = comms_[0];
+    leader_ = std::make_unique<LeaderEngine>(w, o);
+  }
+  ~ProcessGroup() {
+    leader_.reset();  // stops the followers
+    for (auto& t : followers_) t.join();
+    for (ncclComm_t c : comms_) GPULAB_CHECK_NOTHROW(ncclCommDestroy(c));
+  }
+  LeaderEngine& leader() { return *leader_; }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+  std::vector<std::thread> followers_;
+  std::unique_ptr<LeaderEngine> leader_;
+};
+
+TEST(TpProcesses, OneRankLeaderEqualsThePlainEngine) {
+  GPULAB_REQUIRE_GPU();
+  const WeightSource w = tiny();
+  CudaEngine plain(w, small_options());
+  ProcessGroup group(w, 1);
+  const auto ps = prompts(1024);
+  for (size_t i = 0; i < ps.size(); ++i)
+    expect_bitwise_equal(group.leader().logits(ps[i]), plain.logits(ps[i]), "prompt " + std::to_string(i));
+  const GreedyRun a = greedy(plain, ps, 24), b = greedy(group.leader(), ps, 24);
+  EXPECT_EQ(b.tokens, a.tokens);
+  for (size_t s = 0; s < a.logits.size(); ++s) expect_bitwise_equal(b.logits[s], a.logits[s], "step " + std::to_string(s));
+}
+
+// The followers replay the leader's calls: the group computes what the threaded engine does
+// on the same GPUs (the same shards and collectives), a refused call included.
+TEST(TpProcesses, LeaderAndFollowersMatchTheThreadedEngine) {
+  GPULAB_REQUIRE_GPU();
+  const int n = visible_gpus();
+  if (n < 2 || 8 % n) GTEST_SKIP() << "needs 2, 4 or 8 GPUs, " << n << " visible";
+  const WeightSource w = gqa_random();
+  TpEngine threads(w, small_options(), tp_devices(n));
+  ProcessGroup group(w, n);
+  const auto ps = prompts(w.config().vocab_size);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const double e = rel_l2(group.leader().logits(ps[i]), threads.logits(ps[i]));
+    EXPECT_LE(e, 1e-6) << "prompt " << i;
+  }
+  // A step the engines refuse (a token outside the vocabulary) leaves the group in step.
+  const auto seq = group.leader().open(8);
+  ASSERT_TRUE(seq);
+  const SeqId s[1] = {*seq};
+  const int32_t bad[2] = {1, 5000};
+  const std::span<const int32_t> chunk[1] = {bad};
+  std::vector<float> out(w.config().vocab_size);
+  EXPECT_THROW(group.leader().step(s, chunk, out), core::InputError);
+  group.leader().close(*seq);
+  const GreedyRun a = greedy(threads, ps, 24), b = greedy(group.leader(), ps, 24);
+  EXPECT_EQ(b.tokens, a.tokens);
+  for (size_t t = 0; t < a.logits.size(); ++t) EXPECT_LE(rel_l2(b.logits[t], a.logits[t]), 1e-6) << "step " << t;
 }
 
 }  // namespace
