@@ -26,7 +26,11 @@ fi
 python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name(0))' |
   tee "$out/logs/torch.txt" || { echo "pytorch_traces.sh: needs python3 with torch and a CUDA device"; exit 1; }
 
+# PROGRAMS="a b" runs a subset; NATIVE=0 skips the second run of each program under gpulab's own
+# tracer (it doubles the time: torch starts in seconds).
 programs=(launch_bound pageable_memcpy sync_api sync_memcpy host_starved um_thrashing pcie_saturation healthy)
+[[ -n ${PROGRAMS:-} ]] && read -r -a programs <<<"$PROGRAMS"
+native=${NATIVE:-1}
 for p in "${programs[@]}"; do
   echo "== $p"
   rm -f "$out/traces/$p.json" "$out/findings/$p.json" "$out/native/$p.json"
@@ -38,6 +42,7 @@ for p in "${programs[@]}"; do
     "$gpulab" diagnose --trace "$out/traces/$p.json" --json "$out/findings/$p.json" >"$out/logs/$p.diagnose.txt" 2>&1 ||
       echo "   diagnose --trace failed: $(tail -1 "$out/logs/$p.diagnose.txt")"
   fi
+  ((native)) || continue
   tmp=$(mktemp -d)  # gpulab's own traces of the whole program are large: not kept
   "$gpulab" diagnose --out "$tmp" --json "$out/native/$p.json" -- python3 "examples/pytorch/$p.py" \
     >"$out/logs/$p.native.txt" 2>&1 || echo "   gpulab diagnose -- $p failed: $(tail -1 "$out/logs/$p.native.txt")"

@@ -174,6 +174,7 @@ class Analyzer {
   void index();
   const ApiCall* top_level_call(const ApiCall* call) const;
   Blocking blocking(const ApiCall& call) const;
+  const ApiCall* previous_top_level_call(const ApiCall& call) const;
   const ApiCall* blocking_call_before(const ApiCall* launch, const Gap& g) const;
   bool um_host_activity(const Interval& window) const;
   int64_t api_time(int64_t thread, const Interval& w) const;
@@ -200,6 +201,7 @@ class Analyzer {
   std::vector<Gap> gaps_;
   std::unordered_map<int64_t, const ApiCall*> by_correlation_;
   std::unordered_set<int64_t> to_pageable_;  // correlation ids of device-to-pageable copies
+  std::unordered_set<int64_t> to_host_;      // correlation ids of device-to-host copies
   std::map<int64_t, std::vector<const ApiCall*>> top_calls_;  // per thread, sorted by start
   std::vector<Interval> um_migrations_;
   std::vector<int64_t> um_host_times_;  // CPU faults and DtoH migration starts, sorted
@@ -239,8 +241,10 @@ void Analyzer::index() {
         {busy_[i - 1].end, busy_[i].start, last_start[i - 1], a < activities_.size() ? &activities_[a] : nullptr});
   }
 
-  for (const auto& m : t_.memcpys)
+  for (const auto& m : t_.memcpys) {
     if (m.dst == MemoryKind::pageable && m.correlation != 0) to_pageable_.insert(m.correlation);
+    if (m.kind == CopyKind::dtoh && m.correlation != 0) to_host_.insert(m.correlation);
+  }
   for (const auto& c : t_.api_calls)
     if (c.correlation != 0) {
       // Runtime calls win over driver calls sharing an id (they issue the work users wrote).
@@ -260,11 +264,26 @@ void Analyzer::index() {
 }
 
 // A copy from the device into pageable memory returns only once the copy is done, "Async" or not
-// (CUDA's API sync behaviour): PyTorch's .item() is such a cudaMemcpyAsync.
+// (CUDA's API sync behaviour). A synchronize issued right after a device-to-host copy (the
+// thread's previous call) waits for that copy: a synchronous copy in two calls, as PyTorch's
+// .item() and .cpu() make them (cudaMemcpyAsync into pinned memory, cudaStreamSynchronize).
 Blocking Analyzer::blocking(const ApiCall& call) const {
   const Blocking b = blocking_kind(call.name);
   if (b == Blocking::none && call.correlation != 0 && to_pageable_.count(call.correlation)) return Blocking::sync_memcpy;
+  if (b == Blocking::sync_api) {
+    const ApiCall* prev = previous_top_level_call(call);
+    if (prev && prev->correlation != 0 && to_host_.count(prev->correlation)) return Blocking::sync_memcpy;
+  }
   return b;
+}
+
+const ApiCall* Analyzer::previous_top_level_call(const ApiCall& call) const {
+  const auto it = top_calls_.find(call.thread);
+  if (it == top_calls_.end()) return nullptr;
+  const auto& top = it->second;
+  auto pos = std::lower_bound(top.begin(), top.end(), call.start_ns,
+                              [](const ApiCall* c, int64_t t) { return c->start_ns < t; });
+  return pos == top.begin() ? nullptr : *std::prev(pos);
 }
 
 const ApiCall* Analyzer::top_level_call(const ApiCall* call) const {

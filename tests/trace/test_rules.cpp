@@ -137,6 +137,11 @@ Synthetic blocking(const std::string& what) {
       s.copy("cudaMemcpyAsync", l + 3, l + 37.8, l + 35.5, 2, CopyKind::dtoh, MemoryKind::device,
              what == "item" ? MemoryKind::pageable : MemoryKind::pinned, 4);
       s.api("cudaStreamSynchronize", l + 37.9, l + 38.1);
+    } else if (what == "item_then_sync") {
+      // PyTorch 2.11's .item(): cudaMemcpyAsync into pinned memory returns at once, then
+      // cudaStreamSynchronize waits for the kernel and the copy.
+      s.copy("cudaMemcpyAsync", l + 3, l + 4, l + 35.5, 2, CopyKind::dtoh, MemoryKind::device, MemoryKind::pinned, 4);
+      s.api("cudaStreamSynchronize", l + 4.5, l + 38);
     } else if (what == "memcpy" || what == "memcpy_async")
       s.copy(what == "memcpy" ? "cudaMemcpy" : "cudaMemcpyAsync", l + 3, what == "memcpy" ? l + 38 : l + 4, l + 35.5, 2,
              CopyKind::dtoh, MemoryKind::device, MemoryKind::pinned, 4096);
@@ -221,6 +226,10 @@ TEST(Rules, SyncMemcpyAndSyncMemset) {
   EXPECT_EQ(find_rule(item, "sync_api"), nullptr) << rules_text(item);  // that synchronize found the GPU idle
   const Report item_pinned = analyze(blocking("item_pinned").t);
   EXPECT_EQ(find_rule(item_pinned, "sync_memcpy"), nullptr) << rules_text(item_pinned);
+  // A synchronize right after a device-to-host copy waits for that copy: a synchronous copy.
+  const Report item_then_sync = analyze(blocking("item_then_sync").t);
+  expect_top(item_then_sync, "sync_memcpy", Severity::medium);
+  EXPECT_EQ(find_rule(item_then_sync, "sync_api"), nullptr) << rules_text(item_then_sync);
   const Report async = analyze(blocking("memcpy_async").t);
   EXPECT_EQ(find_rule(async, "sync_memcpy"), nullptr) << rules_text(async);
   EXPECT_EQ(find_rule(async, "sync_api"), nullptr) << rules_text(async);
