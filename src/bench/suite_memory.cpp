@@ -4,6 +4,7 @@
 #include <numeric>
 #include <random>
 
+#include "bench/chase.h"
 #include "bench/suite.h"
 #include "bench/timing.h"
 #include "core/memory.h"
@@ -13,19 +14,6 @@ namespace gpulab::bench {
 
 namespace {
 
-// A single random cycle through `bytes / spacing` nodes (Sattolo), so each load depends on the
-// last and no prefetcher can guess the next line.
-std::vector<uint32_t> random_cycle(size_t bytes, size_t spacing, uint64_t seed) {
-  const size_t words = bytes / 4, step = spacing / 4, nodes = words / step;
-  std::vector<uint32_t> order(nodes);
-  std::iota(order.begin(), order.end(), 0u);
-  std::mt19937_64 rng(seed);
-  for (size_t i = nodes - 1; i > 0; --i) std::swap(order[i], order[std::uniform_int_distribution<size_t>(0, i - 1)(rng)]);
-  std::vector<uint32_t> next(words, 0);
-  // order is a permutation whose cycle is built by linking position i to order[i].
-  for (size_t i = 0; i < nodes; ++i) next[i * step] = uint32_t(order[i] * step);
-  return next;
-}
 
 }  // namespace
 
@@ -82,20 +70,12 @@ void run_memory_suite(Context& ctx) {
   const Level levels[] = {{"latency_l1", 16u << 10, 200000},
                           {"latency_l2", std::max<size_t>(dev.l2_bytes / 4, 1u << 20), 100000},
                           {"latency_hbm", std::min<size_t>(std::max<size_t>(dev.l2_bytes * 4, 256u << 20), size), 20000}};
-  core::DeviceBuffer<kernels::ChaseTiming> timing(1);
   for (const auto& level : levels) {
     const auto next = random_cycle(level.bytes, 128, 42);
     GPULAB_CHECK(cudaMemcpyAsync(a.get(), next.data(), next.size() * 4, cudaMemcpyHostToDevice, stream));
-    std::vector<double> ns;
-    double cycles = 0;
-    for (int r = 0; r < (ctx.quick() ? 3 : 7); ++r) {
-      kernels::pointer_chase(reinterpret_cast<const uint32_t*>(a.get()), level.steps, timing.get(), stream);
-      kernels::ChaseTiming t{};
-      GPULAB_CHECK(cudaMemcpyAsync(&t, timing.get(), sizeof t, cudaMemcpyDeviceToHost, stream));
-      stream.synchronize();
-      ns.push_back(double(t.nanoseconds) / level.steps);
-      cycles = double(t.cycles) / level.steps;
-    }
+    const ChaseResult chase = chase_latency(reinterpret_cast<const uint32_t*>(a.get()), level.steps, ctx.quick() ? 3 : 7, stream);
+    const std::vector<double>& ns = chase.ns_per_load;
+    const double cycles = chase.cycles_per_load;
     ctx.add(make_row("memory", level.name, "latency", "ns", summarize(ns), std::nullopt,
                      {{"working_set_bytes", level.bytes}, {"stride_bytes", 128}, {"cycles_per_load", cycles}}));
   }

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 
+#include "bench/chase.h"
 #include "bench/suite.h"
 #include "bench/timing.h"
 #include "core/memory.h"
@@ -96,23 +97,11 @@ void run_p2p_suite(Context& ctx) {
                        bw(time_on_stream(si, [&] { kernels::stream_copy(dst_i.get(), src_j.get(), size, si); }, plan), double(size)),
                        std::nullopt, params));
       // Latency: GPU i chases pointers through 64 MiB of j's memory.
-      const size_t chase_bytes = std::min<size_t>(size, 64u << 20), step = 128 / 4, nodes = chase_bytes / 128;
-      std::vector<uint32_t> order(nodes), next(chase_bytes / 4, 0);
-      std::iota(order.begin(), order.end(), 0u);
-      std::mt19937_64 rng(7);
-      for (size_t k = nodes - 1; k > 0; --k) std::swap(order[k], order[std::uniform_int_distribution<size_t>(0, k - 1)(rng)]);
-      for (size_t k = 0; k < nodes; ++k) next[k * step] = uint32_t(order[k] * step);
+      const size_t chase_bytes = std::min<size_t>(size, 64u << 20);
+      const std::vector<uint32_t> next = random_cycle(chase_bytes, 128, 7);
       GPULAB_CHECK(cudaMemcpy(src_j.get(), next.data(), chase_bytes, cudaMemcpyHostToDevice));
-      core::DeviceBuffer<kernels::ChaseTiming> timing(1);
-      std::vector<double> ns;
-      constexpr long kSteps = 10000;
-      for (int r = 0; r < 3; ++r) {
-        kernels::pointer_chase(reinterpret_cast<const uint32_t*>(src_j.get()), kSteps, timing.get(), si);
-        kernels::ChaseTiming t{};
-        GPULAB_CHECK(cudaMemcpyAsync(&t, timing.get(), sizeof t, cudaMemcpyDeviceToHost, si));
-        si.synchronize();
-        ns.push_back(double(t.nanoseconds) / kSteps);
-      }
+      const std::vector<double> ns =
+          chase_latency(reinterpret_cast<const uint32_t*>(src_j.get()), 10000, 3, si).ns_per_load;
       ctx.add(make_row("p2p", "latency_" + pair, "latency", "ns", summarize(ns), std::nullopt, params));
     }
   GPULAB_CHECK(cudaSetDevice(ctx.options().device));

@@ -20,15 +20,16 @@ void stream_read(const void* src, size_t bytes, int passes, uint32_t* sink, cuda
 // dst's 32-bit words all become `value`.
 void stream_write(void* dst, size_t bytes, uint32_t value, cudaStream_t stream, int blocks = 0);
 
-// One thread follows next[] `steps` times from index 0 (after one untimed lap of `steps`) and
-// writes the final index to *end and the elapsed SM cycles and nanoseconds of the timed lap.
+// One thread follows next[] `steps` times from index `start` (untimed: warms caches and TLB), then
+// `steps` more (timed), and writes the final index to *end and the elapsed SM cycles and
+// nanoseconds of the timed part.
 struct ChaseTiming {
   uint32_t end;
   uint32_t pad;
   unsigned long long cycles;
   unsigned long long nanoseconds;
 };
-void pointer_chase(const uint32_t* next, long steps, ChaseTiming* out, cudaStream_t stream);
+void pointer_chase(const uint32_t* next, uint32_t start, long steps, ChaseTiming* out, cudaStream_t stream);
 
 // A kernel that does nothing (launch-overhead probes).
 void empty_kernel(cudaStream_t stream);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "bench/suite.h"
@@ -43,6 +44,19 @@ void expect_sane(const std::string& suite, size_t min_rows) {
 }  // namespace
 
 TEST(SuitesGpu, Memory) { GPULAB_REQUIRE_GPU(); expect_sane("memory", 8); }
+
+// Each level's chase must reach that level: L1 < L2 < HBM, with clear gaps (an HBM chase that
+// revisits lines it already pulled into L2 reports the L2's latency).
+TEST(SuitesGpu, LatencyLevelsAreOrdered) {
+  GPULAB_REQUIRE_GPU();
+  nlohmann::json results;
+  const std::string table = run_quick("memory", results);
+  std::map<std::string, double> ns;
+  for (const auto& r : results) ns[r["name"].get<std::string>()] = r["value"].get<double>();
+  ASSERT_TRUE(ns.count("latency_l1") && ns.count("latency_l2") && ns.count("latency_hbm")) << table;
+  EXPECT_GT(ns["latency_l2"], 2 * ns["latency_l1"]) << table;
+  EXPECT_GT(ns["latency_hbm"], 1.3 * ns["latency_l2"]) << table;
+}
 TEST(SuitesGpu, Transfer) { GPULAB_REQUIRE_GPU(); expect_sane("transfer", 15); }
 TEST(SuitesGpu, Launch) { GPULAB_REQUIRE_GPU(); expect_sane("launch", 4); }
 TEST(SuitesGpu, Gemm) { GPULAB_REQUIRE_GPU(); expect_sane("gemm", 15); }
