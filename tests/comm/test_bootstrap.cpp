@@ -170,7 +170,7 @@ TEST(Rendezvous, EveryRankGetsRankZerosId) {
     const int port = free_tcp_port();
     const UniqueId id = random_id(uint64_t(world) * 7919 + uint64_t(port));
     std::atomic<int> made{0};
-    std::vector<UniqueId> got{size_t(world)};
+    std::vector<UniqueId> got(static_cast<size_t>(world));
     for (auto& g : got) g.fill(char(0x5a));  // poisoned
     std::vector<std::thread> ranks;
     // Ranks other than 0 start first: they must retry until rank 0 listens.
