@@ -7,15 +7,15 @@
 namespace gpulab::data {
 
 namespace {
-constexpr uint64_t kOrderStream = 0x5EED0000;    // Rng streams: epoch order ...
-constexpr uint64_t kAugmentStream = 0xA0600000;  // ... and per-sample augmentation
+constexpr uint64_t kAugmentStream = 0xA0600000;  // the Rng stream of per-sample augmentation
 }  // namespace
 
 Loader::Loader(ImageFolder folder, LoaderOptions opt) : folder_(std::move(folder)), opt_(std::move(opt)) {
   if (folder_.samples.empty()) throw core::InputError(folder_.root.string() + ": no images to load");
   if (opt_.batch < 1 || opt_.threads < 1 || opt_.prefetch < 1) throw core::InputError("loader: batch, threads and prefetch must be positive");
   const int64_t n = int64_t(folder_.samples.size());
-  batches_per_epoch_ = opt_.train ? std::max<int64_t>(1, n / opt_.batch) : (n + opt_.batch - 1) / opt_.batch;
+  if (!opt_.train && opt_.shard.world != 1) throw core::InputError("loader: evaluation reads every image, unsharded");
+  batches_per_epoch_ = opt_.train ? shard_batches_per_epoch(n, opt_.batch, opt_.shard.world) : (n + opt_.batch - 1) / opt_.batch;
   image_bytes_ = size_t(opt_.augment.size) * opt_.augment.size * 3 * core::dtype_size(opt_.augment.out);
   slots_.resize(opt_.prefetch + 1);
   done_.assign(slots_.size(), 0);
@@ -39,11 +39,12 @@ std::shared_ptr<const std::vector<int64_t>> Loader::order(int64_t epoch) {
   std::lock_guard lock(mutex_);
   auto it = orders_.find(epoch);
   if (it != orders_.end()) return it->second;
-  auto perm = std::make_shared<std::vector<int64_t>>(folder_.samples.size());
-  for (size_t i = 0; i < perm->size(); ++i) (*perm)[i] = int64_t(i);
-  if (opt_.train) {  // Fisher-Yates with our own generator: the same order on every platform
-    Rng rng = Rng::for_item(opt_.seed, kOrderStream, uint64_t(epoch));
-    for (int64_t i = int64_t(perm->size()) - 1; i > 0; --i) std::swap((*perm)[i], (*perm)[rng.randint(0, i + 1)]);
+  const int64_t n = int64_t(folder_.samples.size());
+  auto perm = std::make_shared<std::vector<int64_t>>(n);
+  if (opt_.train) {
+    *perm = epoch_order(n, opt_.seed, epoch);
+  } else {
+    for (int64_t i = 0; i < n; ++i) (*perm)[size_t(i)] = i;
   }
   // Workers touch at most two epochs at once; older orders are done with.
   while (!orders_.empty() && orders_.begin()->first < epoch - 1) orders_.erase(orders_.begin());
@@ -54,7 +55,7 @@ void Loader::fill(int64_t batch, int slot_in_batch, Batch& out) {
   const int64_t epoch = batch / batches_per_epoch_;
   const auto perm = order(epoch);
   const int64_t n = int64_t(perm->size());
-  const int64_t position = (batch % batches_per_epoch_) * opt_.batch + slot_in_batch;
+  const int64_t position = shard_position(batch % batches_per_epoch_, slot_in_batch, opt_.batch, opt_.shard);
   std::byte* dst = out.images.data() + image_bytes_ * slot_in_batch;
   for (int64_t k = 0; k < n; ++k) {
     const Sample& s = folder_.samples[(*perm)[(position + k) % n]];
