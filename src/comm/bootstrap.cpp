@@ -310,8 +310,15 @@ JobEnv job_from_env(const GetEnv& getenv) {
     throw InputError(std::string(src->local_rank) + "=" + std::to_string(job.local_rank) + " is outside " + w);
   if (job.world == 1) return job;
 
-  if (const auto port = get("MASTER_PORT")) {
+  if (const auto own = get("GPULAB_MASTER_PORT")) {
+    job.master_port = parse_port("GPULAB_MASTER_PORT", *own);
+  } else if (const auto port = get("MASTER_PORT")) {
     job.master_port = parse_port("MASTER_PORT", *port);
+    // torchrun's agent serves its own store on MASTER_PORT: ours takes the next port.
+    if (job.launcher == "torchrun" && get("TORCHELASTIC_USE_AGENT_STORE") == "True") {
+      if (job.master_port == 65535) throw InputError("MASTER_PORT=65535 leaves no port for gpulab's rendezvous: set GPULAB_MASTER_PORT");
+      ++job.master_port;
+    }
   } else if (const auto slurm_job = get("SLURM_JOB_ID"); slurm_job && job.launcher == "slurm") {
     job.master_port = 20000 + parse_int("SLURM_JOB_ID", *slurm_job) % 40000;
   } else {

@@ -28,7 +28,9 @@ struct JobEnv {
 //   Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
 // Under OpenMPI and Slurm MASTER_ADDR/MASTER_PORT are still read; a job on one node may leave
 // MASTER_ADDR out (127.0.0.1), and MASTER_PORT defaults to 29500 (Slurm: derived from the job id,
-// so two jobs sharing a node do not collide). No variables at all: a single process.
+// so two jobs sharing a node do not collide). Under torchrun, whose agent already serves a store
+// on MASTER_PORT, the rendezvous takes MASTER_PORT + 1; GPULAB_MASTER_PORT overrides any of these.
+// No variables at all: a single process.
 // Throws core::InputError naming the variable for missing, malformed or inconsistent values.
 using GetEnv = std::function<const char*(const char*)>;
 JobEnv job_from_env(const GetEnv& getenv);

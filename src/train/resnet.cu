@@ -198,12 +198,17 @@ struct ResNet::Impl {
   float *fc_w = nullptr, *fc_b = nullptr, *fc_dw = nullptr, *fc_db = nullptr;
   core::DeviceBuffer<float> feat, dfeat, logits, dlogits, row_loss;
   core::DeviceBuffer<int> row_correct;
+  std::function<void(int)> gradient_ready;
 
   explicit Impl(const ModelOptions& o);
   ~Impl();
   void build_conv(ConvLayer& L, int in_h, int in_w);
   void conv_forward(ConvLayer& L, bool training, cudaStream_t s);
   void conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s);
+  void params_ready(int first, int count) {
+    if (gradient_ready)
+      for (int p = first; p < first + count; ++p) gradient_ready(p);
+  }
 
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
@@ -463,6 +468,7 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
     });
     GPULAB_CHECK_LAUNCH();
   }
+  params_ready(3 * int(&L - convs.data()), 3);  // weight, BN weight, BN bias
   if (L.d_in)
     GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, L.w_desc, L.w_work, L.y_desc, d_conv, L.conv_desc,
                                               L.bwd_data, workspace.get(), workspace.bytes(), &beta_in, L.x_desc,
@@ -521,6 +527,7 @@ void ResNet::backward(const int32_t* labels, float loss_weight, bool accumulate,
   m.blas.matmul({K, C, N, true, false}, f32, m.dlogits.get(), m.feat.get(), m.fc_dw, s, 1.f, accumulate ? 1.f : 0.f);
   bias_grad_kernel<<<blocks_for(K), kThreads, 0, s>>>(m.dlogits.get(), m.fc_db, N, K, accumulate);
   GPULAB_CHECK_LAUNCH();
+  m.params_ready(3 * int(m.convs.size()), 2);  // fc weight and bias
   m.blas.matmul({N, C, K, false, false}, f32, m.dlogits.get(), m.fc_w, m.dfeat.get(), s);
   Block& last = m.blocks.back();
   m.dispatch([&]<class T>() {
@@ -582,6 +589,7 @@ void ResNet::score(const int32_t* labels, cudaStream_t s) {
   GPULAB_CHECK_LAUNCH();
 }
 
+void ResNet::set_gradient_ready_hook(std::function<void(int)> hook) { impl_->gradient_ready = std::move(hook); }
 const float* ResNet::logits() const { return impl_->logits.get(); }
 float* ResNet::params() { return impl_->params.get(); }
 float* ResNet::grads() { return impl_->grads.get(); }

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -58,6 +59,10 @@ class ResNet {
   const std::vector<ParamSpec>& param_specs() const;
   std::vector<ParamTensor> optimizer_params();  // with working-copy pointers where they exist
   std::vector<GradView> gradient_views() const;
+  // Called on the host during backward as soon as the launches that finish parameter `param`'s
+  // gradient (an index into param_specs()) are enqueued, in resnet_backward_order: data
+  // parallelism starts reducing a bucket of gradients while the rest of backward runs.
+  void set_gradient_ready_hook(std::function<void(int param)> hook);
   // Rewrites the working copies from the masters (after editing params() directly).
   void sync_working_copy(cudaStream_t stream);
   const ModelOptions& options() const;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "core/device.h"
@@ -13,6 +14,7 @@
 #include "data/folder.h"
 #include "data/loader.h"
 #include "data/rng.h"
+#include "train/data_parallel.h"
 
 namespace gpulab::train {
 
@@ -88,9 +90,8 @@ void evaluate(const TrainOptions& opt, core::DType dtype, ResNet& net, void* ima
   report.val_loss = loss_sum / double(n);
 }
 
-}  // namespace
-
-TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step) {
+// One rank's training; dp is null for a plain single-GPU run.
+TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::function<void(const StepReport&)>& on_step) {
   const Precision prec = precision_from_name(opt.precision);
   if (opt.batch < 1 || opt.accum < 1 || opt.steps < 1) throw core::InputError("--batch, --accum and --steps must be positive");
 
@@ -107,6 +108,7 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     lo.seed = opt.seed;
     lo.augment.size = opt.image_size;
     lo.augment.out = prec.dtype;
+    if (dp) lo.shard = {dp->rank(), dp->world()};
     loader.emplace(std::move(folder), lo);
   }
 
@@ -135,7 +137,11 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   const size_t image_bytes = size_t(opt.batch) * opt.image_size * opt.image_size * 3 * core::dtype_size(prec.dtype);
   core::DeviceBuffer<std::byte> images(image_bytes);
   core::DeviceBuffer<int32_t> labels(size_t(opt.batch));
-  if (!loader) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1);
+  const int rank = dp ? dp->rank() : 0, world = dp ? dp->world() : 1;
+  // Every rank holds the same weights: rank 0 alone evaluates and writes files (checkpoints).
+  const bool rank0 = rank == 0;
+  if (!loader) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1 + uint64_t(rank));
+  if (dp) dp->attach(net, stream);
 
   // The loader's batch buffers are few and fixed: page-lock each once so copies run at full speed.
   std::vector<const void*> pinned;
@@ -178,14 +184,17 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
         copied.record(stream);
       }
       net.forward(images.get(), true, stream);
+      if (dp) dp->arm(micro == opt.accum - 1, stream);
       net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
     }
+    if (dp) dp->finish(stream);
     if (scaler) scaler->check_gradients(stream);
     const double lr = schedule.at(step);
     optimizer.step(float(lr), scale_state, stream);
     StepReport r;
     r.step = step;
     r.lr = lr;
+    if (dp) dp->wait(stream);  // the NCCL watchdog: a dead peer is an error, not a hang
     r.loss_scale = scaler ? scaler->read(stream).scale : 1.f;
     if (scaler) scaler->update(stream);
     r.loss = net.last_loss(stream);  // of the last micro-batch
@@ -194,7 +203,7 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     report.last_loss = r.loss;
     if (step >= untimed) {
       const double seconds = std::chrono::duration<double>(Clock::now() - timed_start).count();
-      const int64_t images_done = (step - untimed + 1) * int64_t(opt.batch) * opt.accum;
+      const int64_t images_done = (step - untimed + 1) * int64_t(opt.batch) * opt.accum * world;
       r.images_per_second = seconds > 0 ? images_done / seconds : 0;
       report.timed_images = images_done;
       report.timed_seconds = seconds;
@@ -208,11 +217,31 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     report.corrupt_skipped = loader->skipped_total();
     report.corrupt_files = loader->corrupt_files();
   }
-  if (opt.eval && !opt.data.empty()) {
+  report.rank = rank;
+  report.world = world;
+  if (opt.eval && !opt.data.empty() && rank0) {
     unpin.release();  // a registration outliving the freed buffers could alias the eval loader's
     loader.reset();
     evaluate(opt, prec.dtype, net, images.get(), labels.get(), stream, report);
   }
+  return report;
+}
+
+}  // namespace
+
+TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step) {
+  TrainReport report;
+  std::mutex mutex;
+  int reported = -1;
+  launch_data_parallel(opt.parallel, [&](DataParallel* dp) {
+    const bool rank0 = !dp || dp->rank() == 0;  // progress and results come from rank 0
+    TrainReport r = train_rank(opt, dp, rank0 ? on_step : std::function<void(const StepReport&)>{});
+    std::lock_guard lock(mutex);
+    if (reported < 0 || r.rank < reported) {  // the lowest rank of this process
+      reported = r.rank;
+      report = std::move(r);
+    }
+  });
   return report;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "train/data_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
 #include "train/resnet.h"
@@ -29,6 +30,7 @@ struct TrainOptions {
   uint64_t seed = 0;
   int warmup_steps_untimed = 5;  // left out of the throughput figure
   bool eval = false;  // top-1 on DIR/val after training (folder data only)
+  DataParallelOptions parallel;  // --gpus N, or the ranks of a torchrun/mpirun/srun job
 };
 
 struct StepReport {
@@ -52,9 +54,11 @@ struct TrainReport {
   int64_t val_images = 0;  // 0: no evaluation ran
   double val_top1 = 0;
   double val_loss = 0;
+  int rank = 0, world = 1;  // data parallel: whose report this is (losses are that rank's own)
 };
 
-// Throws InputError for bad options, NoDeviceError without a GPU.
+// Throws InputError for bad options, NoDeviceError without a GPU. Data parallel: on_step is
+// called on rank 0 only; the report is that of the lowest rank this process ran.
 TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step = {});
 
 }  // namespace gpulab::train

@@ -69,6 +69,17 @@ TEST(JobEnv, TorchrunDefaults) {
   EXPECT_TRUE(one.master_addr.empty());
 }
 
+TEST(JobEnv, TorchrunAgentStoreHoldsMasterPort) {
+  const Env env = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  EXPECT_EQ(parse(env).master_port, 29501);
+  Env own = env;
+  own["GPULAB_MASTER_PORT"] = "31000";
+  EXPECT_EQ(parse(own).master_port, 31000);
+  own["GPULAB_MASTER_PORT"] = "x";
+  EXPECT_NE(input_error(own).find("GPULAB_MASTER_PORT='x' is not a port number"), std::string::npos);
+}
+
 TEST(JobEnv, OpenMpi) {
   const JobEnv j = parse({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "8"},
                           {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
