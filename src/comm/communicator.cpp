@@ -138,26 +138,21 @@ void Communicator::all_gather(const void* send, void* recv, size_t count, core::
   settle(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream), "enqueueing an all-gather");
 }
 
+namespace {
+// A cudaStreamQuery/cudaEventQuery result as "done?", throwing on a real error.
+bool finished(cudaError_t e) {
+  if (e == cudaErrorNotReady) return false;
+  GPULAB_CHECK(e);
+  return true;
+}
+}  // namespace
+
 void Communicator::wait(cudaStream_t stream) {
-  watch(
-      [&] {
-        const cudaError_t e = cudaStreamQuery(stream);
-        if (e == cudaErrorNotReady) return false;
-        GPULAB_CHECK(e);
-        return true;
-      },
-      "waiting for collectives");
+  watch([&] { return finished(cudaStreamQuery(stream)); }, "waiting for collectives");
 }
 
 void Communicator::wait(cudaEvent_t event) {
-  watch(
-      [&] {
-        const cudaError_t e = cudaEventQuery(event);
-        if (e == cudaErrorNotReady) return false;
-        GPULAB_CHECK(e);
-        return true;
-      },
-      "waiting for collectives");
+  watch([&] { return finished(cudaEventQuery(event)); }, "waiting for collectives");
 }
 
 void Communicator::check() {
