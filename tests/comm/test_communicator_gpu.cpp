@@ -22,12 +22,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-int gpu_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-}
-
 template <class T>
 std::vector<T> download(const core::DeviceBuffer<T>& b) {
   std::vector<T> h(b.size());
@@ -86,7 +80,7 @@ TEST(Communicator, WorldOfOneIsTheIdentity) {
 // Each GPU a rank, the id passed through the TCP rendezvous as separate processes would.
 TEST(Communicator, CollectivesAcrossEveryGpu) {
   GPULAB_REQUIRE_GPU();
-  const int world = gpu_count();
+  const int world = visible_gpus();
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs, " << world << " visible";
   const int port = free_tcp_port();
   const size_t n = 1 << 20 | 77;
@@ -159,7 +153,7 @@ TEST(Communicator, AFailedSiblingThreadAbortsTheOthers) {
 // Rank 1 joins but never enters the all-reduce: rank 0's wait must end with the watchdog's error.
 TEST(Communicator, AHungPeerEndsTheCollectiveWithAClearError) {
   GPULAB_REQUIRE_GPU();
-  if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpu_count() << " visible";
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 GPUs, " << visible_gpus() << " visible";
   const UniqueId id = make_unique_id();
   std::atomic<bool> done{false};
   const auto start = Clock::now();

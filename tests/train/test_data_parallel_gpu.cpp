@@ -27,11 +27,6 @@ using namespace gpulab::train;
 
 namespace {
 
-int gpu_count() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 ModelOptions tiny_model(core::DType dtype) {
   ModelOptions mo;
   mo.net = {18, 10, 16, false};
@@ -138,7 +133,7 @@ TEST(DataParallelGpu, WorldOfOneThroughNcclIsBitIdenticalToThePlainPath) {
 
 TEST(DataParallelGpu, EveryGpuAsARankEqualsOneGpuAccumulatingTheSameMicroBatches) {
   GPULAB_REQUIRE_GPU();
-  const int world = gpu_count();
+  const int world = visible_gpus();
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs, " << world << " visible";
   const ModelOptions mo = tiny_model(core::DType::f32);
   const int steps = 4;
@@ -210,7 +205,7 @@ TEST(DataParallelGpu, TrainerWorldOfOneThroughNcclReportsThePlainLosses) {
 
 TEST(DataParallelGpu, TrainerOnEveryGpuReportsFromRankZeroOnly) {
   GPULAB_REQUIRE_GPU();
-  const int world = gpu_count();
+  const int world = visible_gpus();
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs, " << world << " visible";
   TrainOptions o = tiny_training();
   o.precision = "bf16";
@@ -236,7 +231,7 @@ TEST(DataParallelGpu, TrainerOnEveryGpuReportsFromRankZeroOnly) {
 TEST(DataParallelGpu, BadOptionsAreInputErrors) {
   GPULAB_REQUIRE_GPU();
   TrainOptions o = tiny_training();
-  o.parallel.gpus = gpu_count() + 1;
+  o.parallel.gpus = visible_gpus() + 1;
   EXPECT_THROW(run_training(o), core::InputError);
   o.parallel.gpus = 1;
   o.parallel.nccl = true;
