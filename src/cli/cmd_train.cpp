@@ -119,17 +119,17 @@ void add_train_command(CLI::App& app, Runner& run) {
   sub->add_flag("--eval", o.eval, "After training, top-1 on DIR/val (eval transform: resize, center crop)");
   sub->add_option("--gpus", o.parallel.gpus, "Data parallel over N GPUs of this node, one thread each (--batch is per GPU); "
                   "under torchrun/mpirun/srun start one process per GPU instead")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_option("--bucket-mb", c->bucket_mb, "Data parallel: MB of fp32 gradients per all-reduce bucket")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.001, 65536.0))
       ->capture_default_str();
   sub->add_option("--allreduce-dtype", c->allreduce_dtype, "Data parallel: gradients on the wire in fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   sub->add_option("--comm-timeout", c->comm_timeout,
                   "Data parallel: seconds before a missing, dead or hung rank ends the job with an error")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
   sub->add_option("--json", c->json_path, "Write the result (img/s, losses, settings) as JSON");
   sub->footer("Examples:\n  gpulab train --synthetic --precision fp16 --batch 256 --steps 100\n"
