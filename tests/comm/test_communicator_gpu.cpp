@@ -160,7 +160,7 @@ TEST(Communicator, AHungPeerEndsTheCollectiveWithAClearError) {
   double waited = 0;
   try {
     run_on_gpus(2, [&](int rank) {
-      Communicator comm(id, rank, 2, rank, CommOptions{3s});
+      Communicator comm(id, rank, 2, rank, CommOptions{10s});  // long enough for a cold init
       if (rank == 1) {
         while (!done) std::this_thread::sleep_for(10ms);
         return;
@@ -182,10 +182,10 @@ TEST(Communicator, AHungPeerEndsTheCollectiveWithAClearError) {
     FAIL() << "the all-reduce cannot finish without rank 1";
   } catch (const core::Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("rank 0 of 2: no progress while waiting for collectives for 3 s"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0 of 2: no progress while waiting for collectives for 10 s"), std::string::npos) << m;
   }
-  EXPECT_GE(waited, 2.9);
-  EXPECT_LT(Clock::now() - start, 60s);
+  EXPECT_GE(waited, 9.9);
+  EXPECT_LT(Clock::now() - start, 90s);
 }
 
 }  // namespace
