@@ -114,6 +114,15 @@ void DataParallel::finish(cudaStream_t stream) {
 
 void DataParallel::wait(cudaStream_t stream) { comm_.wait(stream); }
 
+float DataParallel::mean_over_ranks(float value, cudaStream_t stream) {
+  *host_scalar_.get() = value;
+  GPULAB_CHECK(cudaMemcpyAsync(scalar_.get(), host_scalar_.get(), sizeof(float), cudaMemcpyHostToDevice, stream));
+  comm_.all_reduce(scalar_.get(), scalar_.get(), 1, core::DType::f32, comm::ReduceOp::avg, stream);
+  GPULAB_CHECK(cudaMemcpyAsync(host_scalar_.get(), scalar_.get(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+  comm_.wait(stream);
+  return *host_scalar_.get();
+}
+
 void launch_data_parallel(const DataParallelOptions& opt, const std::function<void(DataParallel* dp)>& rank_fn) {
   const comm::JobEnv job = comm::job_from_env();
   if (opt.gpus < 1) throw core::InputError("--gpus must be at least 1");

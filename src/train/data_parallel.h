@@ -51,6 +51,8 @@ class DataParallel {
   void finish(cudaStream_t stream);
   // A host wait for `stream` under the NCCL watchdog (a dead or hung peer ends in an error).
   void wait(cudaStream_t stream);
+  // The mean of `value` over all ranks (after the work on `stream`), the same on every rank.
+  float mean_over_ranks(float value, cudaStream_t stream);
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
 
@@ -66,6 +68,8 @@ class DataParallel {
   std::vector<core::Event> ready_;  // per bucket, on the training stream
   core::Event reduced_{cudaEventDisableTiming};
   core::DeviceBuffer<std::byte> wire_;  // the gradients in allreduce_dtype, when not fp32
+  core::DeviceBuffer<float> scalar_{1};
+  core::PinnedBuffer<float> host_scalar_{1};  // pinned: copies that never block outside the watchdog
   float* grads_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool armed_ = false;

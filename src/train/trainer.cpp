@@ -198,6 +198,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
     r.loss_scale = scaler ? scaler->read(stream).scale : 1.f;
     if (scaler) scaler->update(stream);
     r.loss = net.last_loss(stream);  // of the last micro-batch
+    if (dp) r.loss = dp->mean_over_ranks(r.loss, stream);  // so every rank also agrees on a non-finite loss
     if (!std::isfinite(r.loss) && !scaler) throw core::Error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(step) + "; lower --lr");
     if (step == 0) report.first_loss = r.loss;
     report.last_loss = r.loss;

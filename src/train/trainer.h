@@ -35,7 +35,7 @@ struct TrainOptions {
 
 struct StepReport {
   int64_t step = 0;
-  float loss = 0;
+  float loss = 0;  // of the last micro-batch (data parallel: its mean over ranks)
   double lr = 0;
   float loss_scale = 1;
   double images_per_second = 0;  // since the timed part began
@@ -54,7 +54,7 @@ struct TrainReport {
   int64_t val_images = 0;  // 0: no evaluation ran
   double val_top1 = 0;
   double val_loss = 0;
-  int rank = 0, world = 1;  // data parallel: whose report this is (losses are that rank's own)
+  int rank = 0, world = 1;  // data parallel: whose report this is (losses are means over ranks)
 };
 
 // Throws InputError for bad options, NoDeviceError without a GPU. Data parallel: on_step is
