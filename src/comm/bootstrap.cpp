@@ -59,11 +59,14 @@ struct Source {
   const char* world;
   const char* local_rank;
   const char* local_size;  // ranks on this node: all of them means one node, so MASTER_ADDR may be left out
+  const char* step;        // set only where the launcher started this process (else its variables are ignored)
 };
 constexpr Source kSources[] = {
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", nullptr},
+    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+     nullptr},
+    // An sbatch script itself has SLURM_PROCID and SLURM_NTASKS too: only a task srun started is a rank.
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "SLURM_STEP_NUM_TASKS"},
 };
 
 class Fd {
@@ -288,7 +291,7 @@ JobEnv job_from_env(const GetEnv& getenv) {
   const Source* src = nullptr;
   for (const Source& s : kSources) {
     const auto rank = get(s.rank), world = get(s.world);
-    if (!rank && !world) continue;
+    if ((!rank && !world) || (s.step && !get(s.step))) continue;
     if (!rank || !world)
       throw InputError(std::string(rank ? s.rank : s.world) + " is set but " + (rank ? s.world : s.rank) +
                        " is not: a " + s.launcher + " job needs both");
@@ -308,6 +311,8 @@ JobEnv job_from_env(const GetEnv& getenv) {
                      std::to_string(job.world - 1) + ")");
   if (job.local_rank < 0 || job.local_rank >= job.world)
     throw InputError(std::string(src->local_rank) + "=" + std::to_string(job.local_rank) + " is outside " + w);
+  if (src->step && parse_int(src->step, *get(src->step)) != job.world)
+    throw InputError(std::string(src->step) + "=" + *get(src->step) + " disagrees with " + w);
   if (job.world == 1) return job;
 
   if (const auto own = get("GPULAB_MASTER_PORT")) {

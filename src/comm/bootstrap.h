@@ -25,7 +25,8 @@ struct JobEnv {
 // Reads the job from `getenv` (the process environment by default), in this order:
 //   torchrun style  RANK, WORLD_SIZE, LOCAL_RANK (default: RANK), MASTER_ADDR, MASTER_PORT
 //   OpenMPI         OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
-//   Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
+//   Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (in an srun step only: an sbatch
+//                   script's own process is not a rank)
 // Under OpenMPI and Slurm MASTER_ADDR/MASTER_PORT are still read; a job on one node may leave
 // MASTER_ADDR out (127.0.0.1), and MASTER_PORT defaults to 29500 (Slurm: derived from the job id,
 // so two jobs sharing a node do not collide). Under torchrun, whose agent already serves a store

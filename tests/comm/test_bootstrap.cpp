@@ -96,7 +96,8 @@ TEST(JobEnv, OpenMpi) {
 }
 
 TEST(JobEnv, Slurm) {
-  const Env base = {{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_ID", "123456"}};
+  const Env base = {{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_ID", "123456"},
+                    {"SLURM_STEP_NUM_TASKS", "16"}};
   Env multi = base;
   multi["SLURM_NNODES"] = "2";
   multi["MASTER_ADDR"] = "gpu01";
@@ -113,6 +114,14 @@ TEST(JobEnv, Slurm) {
   Env single = base;
   single["SLURM_NNODES"] = "1";
   EXPECT_EQ(parse(single).master_addr, "127.0.0.1");
+  // The batch script itself (no srun step): one process, whatever the allocation.
+  Env script = single;
+  script.erase("SLURM_STEP_NUM_TASKS");
+  script["SLURM_PROCID"] = "0";
+  EXPECT_EQ(parse(script).launcher, "none");
+  EXPECT_EQ(parse(script).world, 1);
+  single["SLURM_STEP_NUM_TASKS"] = "8";
+  EXPECT_NE(input_error(single).find("SLURM_STEP_NUM_TASKS=8 disagrees with SLURM_NTASKS=16"), std::string::npos);
 }
 
 TEST(JobEnv, TorchrunWinsOverTheAllocation) {
@@ -144,7 +153,8 @@ TEST(JobEnv, MissingAndInconsistentValuesNameTheVariable) {
       {with({{"RANK", "one"}, {"WORLD_SIZE", "4"}}), "RANK='one' is not an integer"},
       {with({{"RANK", "1"}, {"WORLD_SIZE", "4x"}}), "WORLD_SIZE='4x' is not an integer"},
       {with({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "4"}}), "LOCAL_RANK=4 is outside"},
-      {with({{"SLURM_PROCID", "20"}, {"SLURM_NTASKS", "16"}}), "SLURM_PROCID=20 is outside SLURM_NTASKS=16"},
+      {with({{"SLURM_PROCID", "20"}, {"SLURM_NTASKS", "16"}, {"SLURM_STEP_NUM_TASKS", "16"}}),
+       "SLURM_PROCID=20 is outside SLURM_NTASKS=16"},
       {{{"RANK", "1"}, {"WORLD_SIZE", "4"}}, "MASTER_ADDR is not set"},
   };
   for (const auto& c : cases) {
