@@ -127,6 +127,8 @@ void add_train_command(CLI::App& app, Runner& run) {
   sub->add_option("--allreduce-dtype", c->allreduce_dtype, "Data parallel: gradients on the wire in fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
+  sub->add_flag("--sync-bn", o.parallel.sync_batchnorm,
+                "Data parallel: BatchNorm over the global batch (statistics summed over GPUs every layer)");
   sub->add_option("--comm-timeout", c->comm_timeout,
                   "Data parallel: seconds before a missing, dead or hung rank ends the job with an error")
       ->check(CLI::Range(0.1, 86400.0))

@@ -59,6 +59,18 @@ void DataParallel::attach(ResNet& net, cudaStream_t stream) {
     wire_ = core::DeviceBuffer<std::byte>(size_t(net.param_count()) * core::dtype_size(opt_.allreduce_dtype));
   grads_ = net.grads();
   net.set_gradient_ready_hook([this](int param) { gradient_ready(param); });
+  // BatchNorm's sums go through the communication stream too: all collectives of the communicator
+  // then run in one stream, in the order they were issued, the same on every rank.
+  if (opt_.sync_batchnorm)
+    net.set_batchnorm_sync(
+        [this](double* data, size_t count, cudaStream_t s) {
+          to_comm_.record(s);
+          GPULAB_CHECK(cudaStreamWaitEvent(comm_stream_, to_comm_.get(), 0));
+          comm_.all_reduce(data, data, count, core::DType::f64, comm::ReduceOp::sum, comm_stream_);
+          from_comm_.record(comm_stream_);
+          GPULAB_CHECK(cudaStreamWaitEvent(s, from_comm_.get(), 0));
+        },
+        world());
   wait(stream);  // the broadcast, under the watchdog
 }
 

@@ -26,6 +26,7 @@ struct DataParallelOptions {
   int64_t bucket_bytes = int64_t(25) << 20;  // of fp32 gradients per all-reduce
   core::DType allreduce_dtype = core::DType::f32;  // f16/bf16 halve the bytes on the wire
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // rendezvous, and the NCCL watchdog
+  bool sync_batchnorm = false;  // BatchNorm statistics of the global batch (else each rank's own)
 };
 
 // "fp32", "bf16", "fp16"; throws InputError otherwise.
@@ -42,7 +43,7 @@ class DataParallel {
   int world() const { return comm_.world(); }
 
   // Makes every rank start from rank 0's weights, plans the buckets over net's parameters and
-  // hooks net's backward. `stream`: the training stream.
+  // hooks net's backward (and its BatchNorm, with sync_batchnorm). `stream`: the training stream.
   void attach(ResNet& net, cudaStream_t stream);
   // Before each backward: true when this backward completes the step's gradients (the last
   // micro-batch of an accumulation); only then are buckets reduced.
@@ -67,6 +68,7 @@ class DataParallel {
   std::vector<int> backward_order_;
   std::vector<core::Event> ready_;  // per bucket, on the training stream
   core::Event reduced_{cudaEventDisableTiming};
+  core::Event to_comm_{cudaEventDisableTiming}, from_comm_{cudaEventDisableTiming};  // sync BatchNorm
   core::DeviceBuffer<std::byte> wire_;  // the gradients in allreduce_dtype, when not fp32
   core::DeviceBuffer<float> scalar_{1};
   core::PinnedBuffer<float> host_scalar_{1};  // pinned: copies that never block outside the watchdog

@@ -15,6 +15,7 @@
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
 #include "train/resnet_config.h"
+#include "train/sync_batchnorm.h"
 
 namespace gpulab::train {
 
@@ -63,6 +64,9 @@ class ResNet {
   // gradient (an index into param_specs()) are enqueued, in resnet_backward_order: data
   // parallelism starts reducing a bucket of gradients while the rest of backward runs.
   void set_gradient_ready_hook(std::function<void(int param)> hook);
+  // Training BatchNorm over the batches of `world` ranks (train/sync_batchnorm.h) instead of
+  // cuDNN's per-rank BatchNorm; `sum_over_ranks` sums statistics in place, in stream order.
+  void set_batchnorm_sync(SumOverRanks sum_over_ranks, int world);
   // Rewrites the working copies from the masters (after editing params() directly).
   void sync_working_copy(cudaStream_t stream);
   const ModelOptions& options() const;

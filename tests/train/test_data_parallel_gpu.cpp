@@ -27,10 +27,12 @@ using namespace gpulab::train;
 
 namespace {
 
-ModelOptions tiny_model(core::DType dtype) {
+constexpr int kStreamBatch = 4;  // images per batch of the data stream
+
+ModelOptions tiny_model(core::DType dtype, int stream_batches = 1) {
   ModelOptions mo;
   mo.net = {18, 10, 16, false};
-  mo.batch = 4;
+  mo.batch = kStreamBatch * stream_batches;
   mo.image_size = 32;
   mo.dtype = dtype;
   mo.math = core::MathMode::strict_fp32;
@@ -38,19 +40,22 @@ ModelOptions tiny_model(core::DType dtype) {
   return mo;
 }
 
-// Micro-batch `index` of a fixed random stream: the same bytes whichever rank or run asks.
-void upload_batch(int64_t index, const ModelOptions& mo, void* images, int32_t* labels, cudaStream_t s) {
-  std::mt19937_64 rng(0x5eed + uint64_t(index));
-  std::uniform_real_distribution<float> u(-2.f, 2.f);
-  const size_t n = size_t(mo.batch) * mo.image_size * mo.image_size * 3;
+// Batches first, first + 1, ... of a fixed random stream, concatenated into one batch of
+// mo.batch images: the same bytes whichever rank or run asks.
+void upload_batch(int64_t first, const ModelOptions& mo, void* images, int32_t* labels, cudaStream_t s) {
+  const size_t per_image = size_t(mo.image_size) * mo.image_size * 3, n = size_t(mo.batch) * per_image;
   std::vector<float> f(n);
   std::vector<uint16_t> h(n);
-  for (size_t i = 0; i < n; ++i) {
-    f[i] = u(rng);
-    h[i] = mo.dtype == core::DType::bf16 ? core::float_to_bf16_bits(f[i]) : core::float_to_f16_bits(f[i]);
-  }
   std::vector<int32_t> l(size_t(mo.batch));
-  for (auto& v : l) v = int32_t(rng() % uint64_t(mo.net.classes));
+  for (int b = 0; b < mo.batch / kStreamBatch; ++b) {
+    std::mt19937_64 rng(0x5eed + uint64_t(first + b));
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    for (size_t i = size_t(b) * kStreamBatch * per_image; i < size_t(b + 1) * kStreamBatch * per_image; ++i) {
+      f[i] = u(rng);
+      h[i] = mo.dtype == core::DType::bf16 ? core::float_to_bf16_bits(f[i]) : core::float_to_f16_bits(f[i]);
+    }
+    for (int j = 0; j < kStreamBatch; ++j) l[size_t(b * kStreamBatch + j)] = int32_t(rng() % uint64_t(mo.net.classes));
+  }
   const void* src = mo.dtype == core::DType::f32 ? static_cast<const void*>(f.data()) : h.data();
   GPULAB_CHECK(cudaMemcpyAsync(images, src, n * core::dtype_size(mo.dtype), cudaMemcpyHostToDevice, s));
   GPULAB_CHECK(cudaMemcpyAsync(labels, l.data(), l.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
@@ -64,7 +69,8 @@ struct TrainedWeights {
 };
 
 // `steps` SGD steps of `accum` micro-batches; this rank's micro-batch m of step k is batch
-// (k·accum + m)·world + rank of the stream, as the sharded loader hands them out.
+// (k·accum + m)·world + rank of the stream, as the sharded loader hands them out (a model batch of
+// several stream batches takes that many consecutive ones).
 TrainedWeights train_steps(const ModelOptions& mo, DataParallel* dp, int accum, int steps) {
   const int rank = dp ? dp->rank() : 0, world = dp ? dp->world() : 1;
   core::Stream s;
@@ -82,7 +88,7 @@ TrainedWeights train_steps(const ModelOptions& mo, DataParallel* dp, int accum, 
   core::DeviceBuffer<int32_t> labels(size_t(mo.batch));
   for (int k = 0; k < steps; ++k) {
     for (int m = 0; m < accum; ++m) {
-      upload_batch((int64_t(k) * accum + m) * world + rank, mo, images.get(), labels.get(), s);
+      upload_batch(((int64_t(k) * accum + m) * world + rank) * (mo.batch / kStreamBatch), mo, images.get(), labels.get(), s);
       net.forward(images.get(), true, s);
       if (dp) dp->arm(m == accum - 1, s);
       net.backward(labels.get(), 1.f / float(accum), m > 0, nullptr, s);
@@ -167,6 +173,55 @@ TEST(DataParallelGpu, EveryGpuAsARankEqualsOneGpuAccumulatingTheSameMicroBatches
         EXPECT_NEAR(a, b, (dtype == core::DType::f32 ? 1e-5 : 1e-2) * std::fabs(b)) << "step " << k << " rank " << r;
       }
   }
+}
+
+TEST(DataParallelGpu, SyncBatchNormOfOneRankTracksCudnnBatchNorm) {
+  GPULAB_REQUIRE_GPU();
+  for (const auto& [dtype, tolerance] : {std::pair{core::DType::f32, 1e-4}, std::pair{core::DType::bf16, 5e-2}}) {
+    SCOPED_TRACE(std::string(core::dtype_name(dtype)));
+    const ModelOptions mo = tiny_model(dtype);
+    const TrainedWeights cudnn = train_steps(mo, nullptr, 2, 3);
+    comm::Communicator comm(comm::make_unique_id(), 0, 1, 0);
+    DataParallelOptions dpo;
+    dpo.sync_batchnorm = true;
+    DataParallel dp(comm, dpo);
+    const TrainedWeights own = train_steps(mo, &dp, 2, 3);
+    EXPECT_LT(relative_update_error(own, cudnn), tolerance);
+    for (size_t i = 0; i < cudnn.losses.size(); ++i)
+      EXPECT_NEAR(own.losses[i], cudnn.losses[i], (dtype == core::DType::f32 ? 1e-5 : 2e-2) * cudnn.losses[i]) << i;
+  }
+}
+
+// With BatchNorm over the global batch, N ranks of B images are one GPU with N·B images; without
+// it they are not, which shows that the comparison can tell.
+TEST(DataParallelGpu, SyncBatchNormOnEveryGpuEqualsOneGpuWithTheGlobalBatch) {
+  GPULAB_REQUIRE_GPU();
+  const int world = visible_gpus();
+  if (world < 2) GTEST_SKIP() << "needs 2 GPUs, " << world << " visible";
+  const int steps = 4;
+  GPULAB_CHECK(cudaSetDevice(0));
+  const TrainedWeights global = train_steps(tiny_model(core::DType::f32, world), nullptr, 1, steps);
+  double error[2] = {0, 0};
+  for (const bool sync : {true, false}) {
+    std::vector<TrainedWeights> ranks(static_cast<size_t>(world));
+    const comm::UniqueId id = comm::make_unique_id();
+    comm::run_on_gpus(world, [&](int rank) {
+      comm::Communicator comm(id, rank, world, rank, comm::CommOptions{std::chrono::seconds(120)});
+      DataParallelOptions dpo;
+      dpo.sync_batchnorm = sync;
+      DataParallel dp(comm, dpo);
+      ranks[size_t(rank)] = train_steps(tiny_model(core::DType::f32), &dp, 1, steps);
+    });
+    error[sync] = relative_update_error(ranks[0], global);
+    if (!sync) continue;
+    for (int k = 0; k < steps; ++k) {  // the global batch's loss is the mean of the ranks'
+      double mean = 0;
+      for (const auto& r : ranks) mean += r.losses[size_t(k)] / world;
+      EXPECT_NEAR(mean, global.losses[size_t(k)], 1e-4 * global.losses[size_t(k)]) << "step " << k;
+    }
+  }
+  EXPECT_LT(error[true], 1e-3) << "sync BN vs one GPU with the global batch";
+  EXPECT_GT(error[false], 10 * error[true]) << "per-rank BN should differ from the global batch";
 }
 
 namespace {
