@@ -268,6 +268,7 @@ TEST(DataParallelGpu, TrainerOnEveryGpuReportsFromRankZeroOnly) {
   o.precision = "bf16";
   o.parallel.gpus = world;
   o.parallel.allreduce_dtype = core::DType::bf16;
+  o.parallel.sync_batchnorm = true;  // the whole path: bf16 model, bf16 wire, BatchNorm over all GPUs
   std::mutex mutex;
   std::vector<StepReport> steps;
   const TrainReport r = run_training(o, [&](const StepReport& s) {
