@@ -1,4 +1,5 @@
 // gpulab train: ResNet-N v1.5 training on synthetic data or an ImageNet-layout folder.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -21,6 +22,9 @@ struct TrainCli {
   std::string schedule = "cosine";
   std::optional<float> weight_decay;
   std::string json_path;
+  double bucket_mb = 25;
+  std::string allreduce_dtype = "fp32";
+  double comm_timeout = 300;
 };
 
 int run_train(TrainCli& c) {
@@ -28,6 +32,9 @@ int run_train(TrainCli& c) {
   if (o.data.empty() && !c.synthetic) throw core::InputError("give --data DIR (ImageNet layout) or --synthetic");
   o.optimizer.kind = train::optimizer_from_name(c.optimizer);
   o.schedule.kind = train::schedule_from_name(c.schedule);
+  o.parallel.bucket_bytes = int64_t(c.bucket_mb * (1 << 20));
+  o.parallel.allreduce_dtype = train::allreduce_dtype_from_name(c.allreduce_dtype);
+  o.parallel.timeout = std::chrono::milliseconds(int64_t(c.comm_timeout * 1000));
   // Defaults of the usual recipes: torchvision SGD 1e-4, MLPerf LARS 5e-5, LAMB 0.01.
   o.optimizer.weight_decay = c.weight_decay.value_or(o.optimizer.kind == train::OptimizerKind::sgd    ? 1e-4f
                                                      : o.optimizer.kind == train::OptimizerKind::lars ? 5e-5f
@@ -48,12 +55,15 @@ int run_train(TrainCli& c) {
     bar->set(uint64_t(s.step + 1));
   });
   bar.reset();
+  if (r.rank != 0) return 0;  // one report per job, from rank 0
 
   const std::string name = "resnet" + std::to_string(o.depth) + "_" + o.precision + "_b" + std::to_string(o.batch) +
+                           (r.world > 1 ? "_x" + std::to_string(r.world) : "") +
                            (o.data.empty() ? "_synthetic" : o.pipeline == "gpu" ? "_folder_gpu" : "_folder");
   std::cout << "ResNet-" << o.depth << " v1.5, " << human_count(uint64_t(r.params)) << " parameters, " << r.classes
             << " classes, " << o.precision << ", batch " << o.batch << " x " << o.accum << ", " << c.optimizer << ", "
-            << o.steps << " steps on " << (o.data.empty() ? "synthetic data" : o.data) << "\n"
+            << o.steps << " steps on " << (o.data.empty() ? "synthetic data" : o.data)
+            << (r.world > 1 ? ", data parallel over " + std::to_string(r.world) + " GPUs (batch per GPU)" : "") << "\n"
             << "throughput " << format_double(r.images_per_second, 1) << " img/s (" << r.timed_images << " images in "
             << format_double(r.timed_seconds, 2) << " s, after " << o.warmup_steps_untimed << " untimed steps)\n"
             << "loss " << format_double(r.first_loss, 4) << " -> " << format_double(r.last_loss, 4) << "\n";
@@ -77,7 +87,7 @@ int run_train(TrainCli& c) {
                              {"decoder", r.decoder}, {"first_loss", r.first_loss},
                              {"last_loss", r.last_loss}, {"skipped_steps", r.skipped_steps},
                              {"corrupt_skipped", r.corrupt_skipped}, {"timed_images", r.timed_images},
-                             {"timed_seconds", r.timed_seconds},
+                             {"timed_seconds", r.timed_seconds}, {"gpus", r.world},
                              {"untimed_steps", std::min<int64_t>(o.warmup_steps_untimed, o.steps - r.start_step - 1)},
                              {"deterministic", o.deterministic}, {"first_step", r.start_step},
                              {"loss_curve", loss_curve}};
@@ -125,6 +135,22 @@ void add_train_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   sub->add_option("--seed", o.seed, "Seed for weights, data order and augmentation")->capture_default_str();
   sub->add_flag("--eval", o.eval, "After training, top-1 on DIR/val (eval transform: resize, center crop)");
+  sub->add_option("--gpus", o.parallel.gpus, "Data parallel over N GPUs of this node, one thread each (--batch is per GPU); "
+                  "under torchrun/mpirun/srun start one process per GPU instead")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  sub->add_option("--bucket-mb", c->bucket_mb, "Data parallel: MB of fp32 gradients per all-reduce bucket")
+      ->check(CLI::Range(0.001, 65536.0))
+      ->capture_default_str();
+  sub->add_option("--allreduce-dtype", c->allreduce_dtype, "Data parallel: gradients on the wire in fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  sub->add_flag("--sync-bn", o.parallel.sync_batchnorm,
+                "Data parallel: BatchNorm over the global batch (statistics summed over GPUs every layer)");
+  sub->add_option("--comm-timeout", c->comm_timeout,
+                  "Data parallel: seconds before a missing, dead or hung rank ends the job with an error")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
   sub->add_option("--json", c->json_path, "Write the result (img/s, losses, settings) as JSON");
   auto* ckpt = sub->add_option("--checkpoint", o.checkpoint_dir,
                                "Write DIR/checkpoint.safetensors (weights, optimizer, loss scaler, position), atomically");
@@ -137,7 +163,9 @@ void add_train_command(CLI::App& app, Runner& run) {
   sub->add_flag("--deterministic", o.deterministic, "Only deterministic cuDNN algorithms: runs repeat bit for bit");
   sub->footer("Examples:\n  gpulab train --synthetic --precision fp16 --batch 256 --steps 100\n"
               "  gpulab dataset make /tmp/shapes --classes 12 --images 200 && \\\n"
-              "  gpulab train --data /tmp/shapes --depth 18 --image-size 64 --batch 64 --steps 300 --lr 0.2 --warmup 20 --eval");
+              "  gpulab train --data /tmp/shapes --depth 18 --image-size 64 --batch 64 --steps 300 --lr 0.2 --warmup 20 --eval\n"
+              "  gpulab train --synthetic --precision fp16 --gpus 8 --batch 256\n"
+              "  torchrun --nproc-per-node 8 --no-python gpulab train --synthetic --batch 256   (or mpirun, srun)");
   sub->callback([&run, c] { run = [c] { return run_train(*c); }; });
 }
 

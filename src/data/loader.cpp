@@ -11,7 +11,9 @@ Loader::Loader(ImageFolder folder, LoaderOptions opt) : folder_(std::move(folder
   if (folder_.samples.empty()) throw core::InputError(folder_.root.string() + ": no images to load");
   if (opt_.batch < 1 || opt_.threads < 1 || opt_.prefetch < 1) throw core::InputError("loader: batch, threads and prefetch must be positive");
   const int64_t n = int64_t(folder_.samples.size());
-  batches_per_epoch_ = data::batches_per_epoch(n, opt_.batch, opt_.train);
+  if (!opt_.train && opt_.shard.world != 1) throw core::InputError("loader: evaluation reads every image, unsharded");
+  batches_per_epoch_ = opt_.train ? shard_batches_per_epoch(n, opt_.batch, opt_.shard.world)
+                                  : data::batches_per_epoch(n, opt_.batch, false);
   image_bytes_ = size_t(opt_.augment.size) * opt_.augment.size * 3 * core::dtype_size(opt_.augment.out);
   slots_.resize(opt_.prefetch + 1);
   done_.assign(slots_.size(), 0);
@@ -49,7 +51,7 @@ void Loader::fill(int64_t batch, int slot_in_batch, Batch& out) {
   const int64_t epoch = batch / batches_per_epoch_;
   const auto perm = order(epoch);
   const int64_t n = int64_t(perm->size());
-  const int64_t position = (batch % batches_per_epoch_) * opt_.batch + slot_in_batch;
+  const int64_t position = shard_position(batch % batches_per_epoch_, slot_in_batch, opt_.batch, opt_.shard);
   std::byte* dst = out.images.data() + image_bytes_ * slot_in_batch;
   for (int64_t k = 0; k < n; ++k) {
     const Sample& s = folder_.samples[(*perm)[(position + k) % n]];

@@ -17,6 +17,7 @@
 
 #include "data/augment.h"
 #include "data/folder.h"
+#include "data/shard.h"
 
 namespace gpulab::data {
 
@@ -27,6 +28,7 @@ struct LoaderOptions {
   uint64_t seed = 0;
   bool train = true;  // false: file order, eval transform
   int64_t first_batch = 0;  // global batch number to start at (a resumed run's position)
+  Shard shard;        // train: this rank's share of each epoch (data/shard.h)
   AugmentSpec augment;
 };
 
@@ -47,7 +49,7 @@ class Loader {
 
   // The next batch; valid until the following call. Rethrows a worker's failure.
   const Batch& next();
-  // Batches per epoch. train: full batches only (floor); eval: every image once (ceil), the
+  // Batches per epoch. train: this rank's full batches only (floor); eval: every image once (ceil), the
   // last batch filled up by wrapping to the epoch's first images, which the caller ignores.
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t skipped_total() const;  // corrupt files skipped in the batches handed out so far

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "train/resnet.h"
+#include "train/sync_batchnorm.h"
 
 namespace gpulab::train {
 
@@ -199,12 +200,24 @@ struct ResNet::Impl {
   core::DeviceBuffer<float> feat, dfeat, logits, dlogits, row_loss;
   core::DeviceBuffer<int> row_correct;
   int64_t batches_tracked = 0;
+  std::function<void(int)> gradient_ready;
+  SumOverRanks bn_sum;  // set: synchronised BatchNorm over bn_world ranks instead of cuDNN's
+  int bn_world = 1;
+  core::DeviceBuffer<double> bn_scratch;
 
   explicit Impl(const ModelOptions& o);
   ~Impl();
   void build_conv(ConvLayer& L, int in_h, int in_w);
   void conv_forward(ConvLayer& L, bool training, cudaStream_t s);
   void conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s);
+  SyncBatchNorm sync_bn(const ConvLayer& L) const {
+    return {opt.dtype, int64_t(opt.batch) * L.out_h * L.out_w, L.spec.out, bn_world, kBnEpsilon, kBnMomentum,
+            bn_scratch.get(), bn_sum};
+  }
+  void params_ready(int first, int count) {
+    if (gradient_ready)
+      for (int p = first; p < first + count; ++p) gradient_ready(p);
+  }
 
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
@@ -419,7 +432,10 @@ void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
   const float one = 1.f, zero = 0.f;
   GPULAB_CHECK(cudnnConvolutionForward(cudnn, &one, L.x_desc, L.in, L.w_desc, L.w_work, L.conv_desc, L.fwd,
                                        workspace.get(), workspace.bytes(), &zero, L.y_desc, L.conv_out.get()));
-  if (training) {
+  if (training && bn_sum) {
+    sync_batchnorm_forward(sync_bn(L), L.conv_out.get(), L.out.get(), L.gamma, L.beta, L.run_mean.get(), L.run_var.get(),
+                           L.save_mean.get(), L.save_inv_var.get(), s);
+  } else if (training) {
     GPULAB_CHECK(cudnnBatchNormalizationForwardTraining(
         cudnn, bn_mode(), &one, &zero, L.y_desc, L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc,
         L.gamma, L.beta, kBnMomentum, L.run_mean.get(), L.run_var.get(), kBnEpsilon, L.save_mean.get(),
@@ -451,10 +467,15 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
   // The gradient of the conv output goes into `out`: once the ReLU mask is applied nothing reads
   // this layer's output again (the next layer, its only reader, has already run backward).
   void* d_conv = L.out.get();
-  GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, bn_mode(), &one, &zero, &one, &param_beta,
-                                               L.y_desc, L.conv_out.get(), L.y_desc, L.d_out, L.y_desc, d_conv,
-                                               L.bn_desc, L.gamma, L.dgamma, L.dbeta, kBnEpsilon, L.save_mean.get(),
-                                               L.save_inv_var.get()));
+  if (bn_sum) {
+    sync_batchnorm_backward(sync_bn(L), L.conv_out.get(), L.d_out, d_conv, L.gamma, L.dgamma, L.dbeta, accumulate,
+                            L.save_mean.get(), L.save_inv_var.get(), s);
+  } else {
+    GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, bn_mode(), &one, &zero, &one, &param_beta,
+                                                 L.y_desc, L.conv_out.get(), L.y_desc, L.d_out, L.y_desc, d_conv,
+                                                 L.bn_desc, L.gamma, L.dgamma, L.dbeta, kBnEpsilon, L.save_mean.get(),
+                                                 L.save_inv_var.get()));
+  }
   if (opt.dtype == core::DType::f32) {
     GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, d_conv, L.conv_desc,
                                                 L.bwd_filter, workspace.get(), workspace.bytes(), &param_beta,
@@ -469,6 +490,7 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
     });
     GPULAB_CHECK_LAUNCH();
   }
+  params_ready(3 * int(&L - convs.data()), 3);  // weight, BN weight, BN bias
   if (L.d_in)
     GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, L.w_desc, L.w_work, L.y_desc, d_conv, L.conv_desc,
                                               L.bwd_data, workspace.get(), workspace.bytes(), &beta_in, L.x_desc,
@@ -528,6 +550,7 @@ void ResNet::backward(const int32_t* labels, float loss_weight, bool accumulate,
   m.blas.matmul({K, C, N, true, false}, f32, m.dlogits.get(), m.feat.get(), m.fc_dw, s, 1.f, accumulate ? 1.f : 0.f);
   bias_grad_kernel<<<blocks_for(K), kThreads, 0, s>>>(m.dlogits.get(), m.fc_db, N, K, accumulate);
   GPULAB_CHECK_LAUNCH();
+  m.params_ready(3 * int(m.convs.size()), 2);  // fc weight and bias
   m.blas.matmul({N, C, K, false, false}, f32, m.dlogits.get(), m.fc_w, m.dfeat.get(), s);
   Block& last = m.blocks.back();
   m.dispatch([&]<class T>() {
@@ -589,6 +612,16 @@ void ResNet::score(const int32_t* labels, cudaStream_t s) {
   GPULAB_CHECK_LAUNCH();
 }
 
+void ResNet::set_gradient_ready_hook(std::function<void(int)> hook) { impl_->gradient_ready = std::move(hook); }
+
+void ResNet::set_batchnorm_sync(SumOverRanks sum_over_ranks, int world) {
+  Impl& m = *impl_;
+  int widest = 0;
+  for (const auto& L : m.convs) widest = std::max(widest, L.spec.out);
+  m.bn_scratch = core::DeviceBuffer<double>(2 * size_t(widest));
+  m.bn_sum = std::move(sum_over_ranks);
+  m.bn_world = world;
+}
 const float* ResNet::logits() const { return impl_->logits.get(); }
 float* ResNet::params() { return impl_->params.get(); }
 float* ResNet::grads() { return impl_->grads.get(); }

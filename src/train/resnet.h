@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
 #include "train/resnet_config.h"
+#include "train/sync_batchnorm.h"
 
 namespace gpulab::train {
 
@@ -68,6 +70,13 @@ class ResNet {
   const std::vector<ParamSpec>& param_specs() const;
   std::vector<ParamTensor> optimizer_params();  // with working-copy pointers where they exist
   std::vector<GradView> gradient_views() const;
+  // Called on the host during backward as soon as the launches that finish parameter `param`'s
+  // gradient (an index into param_specs()) are enqueued, in resnet_backward_order: data
+  // parallelism starts reducing a bucket of gradients while the rest of backward runs.
+  void set_gradient_ready_hook(std::function<void(int param)> hook);
+  // Training BatchNorm over the batches of `world` ranks (train/sync_batchnorm.h) instead of
+  // cuDNN's per-rank BatchNorm; `sum_over_ranks` sums statistics in place, in stream order.
+  void set_batchnorm_sync(SumOverRanks sum_over_ranks, int world);
   // Rewrites the working copies from the masters (after editing params() directly).
   void sync_working_copy(cudaStream_t stream);
   // The BatchNorm of each conv, in ResNetLayout::convs order.

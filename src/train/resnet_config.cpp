@@ -73,6 +73,20 @@ int64_t resnet_param_count(const ResNetLayout& layout) {
   return n;
 }
 
+std::vector<int> resnet_backward_order(const ResNetLayout& layout) {
+  const int fc = 3 * int(layout.convs.size());
+  std::vector<int> order = {fc, fc + 1};
+  auto conv = [&](int c) {
+    for (int k = 0; k < 3; ++k) order.push_back(3 * c + k);
+  };
+  for (auto b = layout.blocks.rbegin(); b != layout.blocks.rend(); ++b) {
+    for (auto c = b->convs.rbegin(); c != b->convs.rend(); ++c) conv(*c);
+    if (b->shortcut >= 0) conv(b->shortcut);
+  }
+  conv(0);
+  return order;
+}
+
 std::vector<float> resnet_init(const ResNetLayout& layout, uint64_t seed) {
   std::vector<float> out;
   out.reserve(size_t(resnet_param_count(layout)));

@@ -48,6 +48,11 @@ struct ParamSpec {
 std::vector<ParamSpec> resnet_params(const ResNetLayout& layout);
 int64_t resnet_param_count(const ResNetLayout& layout);
 
+// The order in which ResNet::backward finishes each parameter's gradient (indices into
+// resnet_params): fc weight and bias, then block by block from the last, each block's convs from
+// the last and its shortcut after them, the stem last; a conv's weight, BN weight, BN bias.
+std::vector<int> resnet_backward_order(const ResNetLayout& layout);
+
 // torchvision's initialisation into `out` (resnet_params order, packed): conv weights
 // kaiming_normal(fan_out, relu), BN gamma 1 (0 where zero_gamma) and beta 0, FC weight and bias
 // uniform(+-1/sqrt(fan_in)). Seeded and the same on every platform.

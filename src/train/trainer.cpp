@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "core/device.h"
@@ -17,6 +18,7 @@
 #include "data/loader.h"
 #include "data/rng.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
 
 namespace gpulab::train {
 
@@ -120,9 +122,8 @@ std::map<std::string, std::string> recipe(const TrainOptions& o, int classes, co
                            " milestones " + milestones}};
 }
 
-}  // namespace
-
-TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step) {
+// One rank's training; dp is null for a plain single-GPU run.
+TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::function<void(const StepReport&)>& on_step) {
   const Precision prec = precision_from_name(opt.precision);
   if (opt.batch < 1 || opt.accum < 1 || opt.steps < 1) throw core::InputError("--batch, --accum and --steps must be positive");
 
@@ -131,6 +132,9 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
   if (opt.resume && opt.checkpoint_dir.empty()) throw core::InputError("--resume needs --checkpoint DIR");
   if (opt.resume && !opt.init_from.empty()) throw core::InputError("--resume and --init-from exclude each other");
   if (opt.pipeline != "cpu" && opt.pipeline != "gpu") throw core::InputError("--pipeline must be cpu or gpu");
+  if (dp && dp->world() > 1 && opt.pipeline == "gpu")
+    throw core::InputError("--pipeline gpu runs on one GPU for now (its loader reads no shards yet): use --pipeline cpu "
+                           "with several GPUs");
   if (opt.resume && opt.pipeline == "gpu")
     throw core::InputError("--resume continues with --pipeline cpu only for now (the GPU loader cannot start mid-epoch yet)");
   std::optional<data::ImageFolder> folder;
@@ -163,6 +167,7 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     lo.augment.size = opt.image_size;
     lo.augment.out = prec.dtype;
     lo.first_batch = start * opt.accum;
+    if (dp) lo.shard = {dp->rank(), dp->world()};
     if (opt.pipeline == "gpu") gpu_folder.emplace(std::move(*folder));
     else loader.emplace(std::move(*folder), lo);
   }
@@ -212,7 +217,11 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     go.augment.out = prec.dtype;
     gpu_loader.emplace(std::move(*gpu_folder), go);
   }
-  if (opt.data.empty()) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1);
+  const int rank = dp ? dp->rank() : 0, world = dp ? dp->world() : 1;
+  // Every rank holds the same weights: rank 0 alone evaluates and writes files (checkpoints).
+  const bool rank0 = rank == 0;
+  if (opt.data.empty()) fill_synthetic(mo, images.get(), labels.get(), opt.seed + 1 + uint64_t(rank));
+  if (dp) dp->attach(net, stream);
 
   // The loader's batch buffers are few and fixed: page-lock each once so copies run at full speed.
   std::vector<const void*> pinned;
@@ -262,30 +271,34 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
                                      cudaMemcpyDeviceToDevice, stream));
       }
       net.forward(images.get(), true, stream);
+      if (dp) dp->arm(micro == opt.accum - 1, stream);
       net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
     }
+    if (dp) dp->finish(stream);
     if (scaler) scaler->check_gradients(stream);
     const double lr = schedule.at(step);
     optimizer.step(float(lr), scale_state, stream);
     StepReport r;
     r.step = step;
     r.lr = lr;
+    if (dp) dp->wait(stream);  // the NCCL watchdog: a dead peer is an error, not a hang
     r.loss_scale = scaler ? scaler->read(stream).scale : 1.f;
     if (scaler) scaler->update(stream);
     r.loss = net.last_loss(stream);  // of the last micro-batch
+    if (dp) r.loss = dp->mean_over_ranks(r.loss, stream);  // so every rank also agrees on a non-finite loss
     if (!std::isfinite(r.loss) && !scaler) throw core::Error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(step) + "; lower --lr");
     if (step == start) report.first_loss = r.loss;
     report.last_loss = r.loss;
     if (step >= untimed) {
       const double seconds = std::chrono::duration<double>(Clock::now() - timed_start - untimed_pauses).count();
-      const int64_t images_done = (step - untimed + 1) * int64_t(opt.batch) * opt.accum;
+      const int64_t images_done = (step - untimed + 1) * int64_t(opt.batch) * opt.accum * world;
       r.images_per_second = seconds > 0 ? images_done / seconds : 0;
       report.timed_images = images_done;
       report.timed_seconds = seconds;
       report.images_per_second = r.images_per_second;
     }
     // Before the report: a run stopped in on_step has its checkpoint.
-    if (!opt.checkpoint_dir.empty() && ((step + 1) % checkpoint_every == 0 || step + 1 == opt.steps)) {
+    if (rank0 && !opt.checkpoint_dir.empty() && ((step + 1) % checkpoint_every == 0 || step + 1 == opt.steps)) {
       const Clock::time_point t0 = Clock::now();
       TrainState st = capture_training(net, optimizer, scaler.get(), stream);
       st.step = step + 1;
@@ -307,12 +320,32 @@ TrainReport run_training(const TrainOptions& opt, const std::function<void(const
     report.corrupt_files = gpu_loader->corrupt_files();
     report.decoder = gpu_loader->decoder_name();
   }
-  if (!opt.export_path.empty()) write_torchvision(opt.export_path, layout, download_model(net, stream));
-  if (opt.eval && !opt.data.empty()) {
+  report.rank = rank;
+  report.world = world;
+  if (!opt.export_path.empty() && rank0) write_torchvision(opt.export_path, layout, download_model(net, stream));
+  if (opt.eval && !opt.data.empty() && rank0) {
     unpin.release();  // a registration outliving the freed buffers could alias the eval loader's
     loader.reset();
     evaluate(opt, prec.dtype, net, images.get(), labels.get(), stream, report);
   }
+  return report;
+}
+
+}  // namespace
+
+TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step) {
+  TrainReport report;
+  std::mutex mutex;
+  int reported = -1;
+  launch_data_parallel(opt.parallel, [&](DataParallel* dp) {
+    const bool rank0 = !dp || dp->rank() == 0;  // progress and results come from rank 0
+    TrainReport r = train_rank(opt, dp, rank0 ? on_step : std::function<void(const StepReport&)>{});
+    std::lock_guard lock(mutex);
+    if (reported < 0 || r.rank < reported) {  // the lowest rank of this process
+      reported = r.rank;
+      report = std::move(r);
+    }
+  });
   return report;
 }
 

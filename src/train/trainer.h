@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "train/data_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
 #include "train/resnet.h"
@@ -38,11 +39,12 @@ struct TrainOptions {
   std::string export_path;       // the final weights under torchvision names
   // Only deterministic cuDNN algorithms: a run, and a resumed run, repeat bit for bit.
   bool deterministic = false;
+  DataParallelOptions parallel;  // --gpus N, or the ranks of a torchrun/mpirun/srun job
 };
 
 struct StepReport {
   int64_t step = 0;
-  float loss = 0;
+  float loss = 0;  // of the last micro-batch (data parallel: its mean over ranks)
   double lr = 0;
   float loss_scale = 1;
   double images_per_second = 0;  // since the timed part began
@@ -64,9 +66,11 @@ struct TrainReport {
   int64_t val_images = 0;  // 0: no evaluation ran
   double val_top1 = 0;
   double val_loss = 0;
+  int rank = 0, world = 1;  // data parallel: whose report this is (losses are means over ranks)
 };
 
-// Throws InputError for bad options, NoDeviceError without a GPU.
+// Throws InputError for bad options, NoDeviceError without a GPU. Data parallel: on_step is
+// called on rank 0 only; the report is that of the lowest rank this process ran.
 TrainReport run_training(const TrainOptions& opt, const std::function<void(const StepReport&)>& on_step = {});
 
 }  // namespace gpulab::train

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include "core/device.h"
 
 #define GPULAB_REQUIRE_GPU()                                          \
@@ -10,3 +12,9 @@
     const std::string why_ = ::gpulab::core::why_no_device();         \
     if (!why_.empty()) GTEST_SKIP() << "needs a CUDA device: " << why_; \
   } while (0)
+
+// CUDA devices visible to this process (0 without a driver), for tests that need several.
+inline int visible_gpus() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}

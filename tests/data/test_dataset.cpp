@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "common/temp_dir.h"
+#include "core/error.h"
 #include "data/dataset.h"
 #include "data/folder.h"
 #include "data/loader.h"
@@ -250,4 +251,36 @@ TEST(Loader, EvalModeVisitsEveryImageOnceInFileOrder) {
   std::vector<float> want(8 * 8 * 3);
   augment_eval(read_jpeg(folder.samples[0].path), opt.augment, want.data());
   EXPECT_EQ(0, std::memcmp(b.images.data(), want.data(), want.size() * 4));
+}
+
+TEST(Loader, ShardedRanksReadTheUnshardedBatchesInTurn) {
+  TempDir t("loader_shard");
+  make_dataset(t.path, small_options());  // 24 train images
+  const ImageFolder folder = scan_image_folder(train_split(t.path));
+  LoaderOptions opt;
+  opt.batch = 3;
+  opt.seed = 9;
+  opt.augment.size = 16;
+  opt.threads = 2;
+  Loader whole(folder, opt);
+  std::vector<std::vector<std::byte>> images;
+  std::vector<std::vector<int32_t>> labels;
+  for (int i = 0; i < 12; ++i) {  // one and a half epochs of 8 batches
+    const Batch& b = whole.next();
+    images.push_back(b.images);
+    labels.push_back(b.labels);
+  }
+  for (int r = 0; r < 2; ++r) {
+    opt.shard = {r, 2};
+    Loader mine(folder, opt);
+    EXPECT_EQ(mine.batches_per_epoch(), 4);
+    for (int k = 0; k < 6; ++k) {
+      const Batch& b = mine.next();
+      EXPECT_EQ(b.epoch, k / 4);
+      ASSERT_EQ(b.labels, labels[size_t(2 * k + r)]) << "rank " << r << " batch " << k;
+      ASSERT_EQ(b.images, images[size_t(2 * k + r)]) << "rank " << r << " batch " << k;
+    }
+  }
+  opt.train = false;
+  EXPECT_THROW(Loader(folder, opt), gpulab::core::InputError);
 }

@@ -1,0 +1,202 @@
+#include "comm/communicator.h"
+
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace gpulab::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kPoll = std::chrono::microseconds(100);
+
+static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId), "UniqueId must hold an ncclUniqueId");
+
+// The cancellation flag of the run_ranks group this thread belongs to (null elsewhere).
+thread_local const std::atomic<bool>* tls_cancel = nullptr;
+
+ncclDataType_t nccl_type(core::DType dt) {
+  switch (dt) {
+    case core::DType::f64: return ncclFloat64;
+    case core::DType::f32: return ncclFloat32;
+    case core::DType::f16: return ncclFloat16;
+    case core::DType::bf16: return ncclBfloat16;
+    case core::DType::i64: return ncclInt64;
+    case core::DType::i32: return ncclInt32;
+    case core::DType::i8: return ncclInt8;
+    case core::DType::u8: return ncclUint8;
+    default: throw core::InputError("NCCL has no " + std::string(core::dtype_name(dt)) + " type");
+  }
+}
+
+}  // namespace
+
+bool cancelled() { return tls_cancel && tls_cancel->load(std::memory_order_relaxed); }
+
+UniqueId make_unique_id() {
+  ncclUniqueId id;
+  GPULAB_CHECK(ncclGetUniqueId(&id));
+  UniqueId out;
+  std::memcpy(out.data(), &id, sizeof id);
+  return out;
+}
+
+Communicator::Communicator(const UniqueId& id, int rank, int world, int device, CommOptions opt)
+    : rank_(rank), world_(world), device_(device), opt_(opt) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw core::InputError("communicator: rank " + std::to_string(rank) + " is outside a world of " + std::to_string(world));
+  GPULAB_CHECK(cudaSetDevice(device));
+  ncclUniqueId nid;
+  std::memcpy(&nid, id.data(), sizeof nid);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every call returns at once: the watchdog below decides how long to wait
+  const ncclResult_t r = ncclCommInitRankConfig(&comm_, world, nid, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw core::GpuError("rank " + std::to_string(rank) + ": ncclCommInitRankConfig failed: " + core::status_string(r));
+  }
+  settle(r, "joining the communicator");  // on failure fail() has aborted comm_
+}
+
+Communicator::~Communicator() {
+  if (!comm_ || aborted_) return;
+  // Unwinding: a peer may be waiting on us or gone, so a flush could wait forever.
+  bool abort = std::uncaught_exceptions() > 0;
+  if (!abort) {
+    ncclResult_t r = ncclCommFinalize(comm_);
+    const auto end = Clock::now() + opt_.timeout;
+    while (r == ncclInProgress && Clock::now() < end) {
+      std::this_thread::sleep_for(kPoll);
+      if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) break;
+    }
+    abort = r != ncclSuccess;
+    if (abort) core::log_warn("rank " + std::to_string(rank_) + ": NCCL communicator did not flush; aborting it");
+  }
+  GPULAB_CHECK_NOTHROW(abort ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
+}
+
+void Communicator::fail(const std::string& why) {
+  if (comm_ && !aborted_) GPULAB_CHECK_NOTHROW(ncclCommAbort(comm_));
+  aborted_ = true;
+  throw core::Error("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + why);
+}
+
+template <class Query>
+void Communicator::watch(Query&& done, const char* what) {
+  if (aborted_) throw core::Error("rank " + std::to_string(rank_) + ": the communicator was aborted before " + what);
+  const auto start = Clock::now();
+  for (;;) {
+    if (done()) return;
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm_, &async);
+    if (q != ncclSuccess) async = q;
+    if (async != ncclSuccess && async != ncclInProgress)
+      fail(std::string("NCCL failed while ") + what + ": " + core::status_string(async) + " (" +
+           ncclGetLastError(comm_) + "); a peer rank may have died");
+    if (cancelled()) fail(std::string("stopped while ") + what + " because another rank failed");
+    if (Clock::now() - start > opt_.timeout)
+      fail(std::string("no progress while ") + what + " for " + seconds_text(opt_.timeout) +
+           ": a peer rank died or hangs (the communicator was aborted)");
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+void Communicator::settle(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return;
+  if (r != ncclInProgress) fail(std::string("NCCL failed while ") + what + ": " + core::status_string(r));
+  watch(
+      [&] {
+        ncclResult_t s = ncclInProgress;
+        ncclCommGetAsyncError(comm_, &s);
+        return s == ncclSuccess;  // errors are reported by watch()'s own poll
+      },
+      what);
+}
+
+void Communicator::all_reduce(const void* send, void* recv, size_t count, core::DType dtype, ReduceOp op,
+                              cudaStream_t stream) {
+  settle(ncclAllReduce(send, recv, count, nccl_type(dtype), op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream),
+         "enqueueing an all-reduce");
+}
+
+void Communicator::broadcast(const void* send, void* recv, size_t count, core::DType dtype, int root,
+                             cudaStream_t stream) {
+  settle(ncclBroadcast(send, recv, count, nccl_type(dtype), root, comm_, stream), "enqueueing a broadcast");
+}
+
+void Communicator::all_gather(const void* send, void* recv, size_t count, core::DType dtype, cudaStream_t stream) {
+  settle(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream), "enqueueing an all-gather");
+}
+
+namespace {
+// A cudaStreamQuery/cudaEventQuery result as "done?", throwing on a real error.
+bool finished(cudaError_t e) {
+  if (e == cudaErrorNotReady) return false;
+  GPULAB_CHECK(e);
+  return true;
+}
+}  // namespace
+
+void Communicator::wait(cudaStream_t stream) {
+  watch([&] { return finished(cudaStreamQuery(stream)); }, "waiting for collectives");
+}
+
+void Communicator::wait(cudaEvent_t event) {
+  watch([&] { return finished(cudaEventQuery(event)); }, "waiting for collectives");
+}
+
+void Communicator::check() {
+  watch([] { return true; }, "checking the communicator");
+  ncclResult_t async = ncclSuccess;
+  GPULAB_CHECK(ncclCommGetAsyncError(comm_, &async));
+  if (async != ncclSuccess && async != ncclInProgress)
+    fail("NCCL reported " + core::status_string(async) + " (" + ncclGetLastError(comm_) + ")");
+}
+
+void run_ranks(int n, const std::function<void(int rank)>& fn) {
+  if (n < 1) throw core::InputError("need at least one rank");
+  std::atomic<bool> cancel{false};
+  std::mutex mutex;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  threads.reserve(size_t(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      tls_cancel = &cancel;
+      try {
+        fn(r);
+      } catch (...) {
+        std::lock_guard lock(mutex);
+        // The first failure is the cause; the others' are mostly "stopped because another rank failed".
+        if (!first) first = std::current_exception();
+        cancel = true;
+      }
+      tls_cancel = nullptr;
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+void run_on_gpus(int n, const std::function<void(int rank)>& fn) {
+  int count = 0;
+  GPULAB_CHECK(cudaGetDeviceCount(&count));
+  if (n > count)
+    throw core::InputError(std::to_string(n) + " GPUs asked for, but " + std::to_string(count) + " are visible");
+  run_ranks(n, [&](int rank) {
+    GPULAB_CHECK(cudaSetDevice(rank));
+    fn(rank);
+  });
+}
+
+}  // namespace gpulab::comm

@@ -1,0 +1,298 @@
+// Data parallelism on the GPU. One GPU: a world of one through NCCL must give the plain path's
+// weights bit for bit. N >= 2 GPUs: N ranks of batch B must match one GPU that accumulates the
+// same N micro-batches of B. That comparison is exact in the maths because BatchNorm normalises
+// each micro-batch of B on its own in both runs (a single GPU with one batch of N·B would
+// normalise over N·B, which per-rank BatchNorm without synchronisation never does); only the
+// order of floating-point sums differs. BN running statistics differ too (each rank keeps its
+// own), but they do not enter training.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/gpu.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "train/data_parallel.h"
+#include "train/optimizer.h"
+#include "train/resnet.h"
+#include "train/trainer.h"
+
+using namespace gpulab;
+using namespace gpulab::train;
+
+namespace {
+
+constexpr int kStreamBatch = 4;  // images per batch of the data stream
+
+ModelOptions tiny_model(core::DType dtype, int stream_batches = 1) {
+  ModelOptions mo;
+  mo.net = {18, 10, 16, false};
+  mo.batch = kStreamBatch * stream_batches;
+  mo.image_size = 32;
+  mo.dtype = dtype;
+  mo.math = core::MathMode::strict_fp32;
+  mo.seed = 5;
+  return mo;
+}
+
+// Batches first, first + 1, ... of a fixed random stream, concatenated into one batch of
+// mo.batch images: the same bytes whichever rank or run asks.
+void upload_batch(int64_t first, const ModelOptions& mo, void* images, int32_t* labels, cudaStream_t s) {
+  const size_t per_image = size_t(mo.image_size) * mo.image_size * 3, n = size_t(mo.batch) * per_image;
+  std::vector<float> f(n);
+  std::vector<uint16_t> h(n);
+  std::vector<int32_t> l(size_t(mo.batch));
+  for (int b = 0; b < mo.batch / kStreamBatch; ++b) {
+    std::mt19937_64 rng(0x5eed + uint64_t(first + b));
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    for (size_t i = size_t(b) * kStreamBatch * per_image; i < size_t(b + 1) * kStreamBatch * per_image; ++i) {
+      f[i] = u(rng);
+      h[i] = mo.dtype == core::DType::bf16 ? core::float_to_bf16_bits(f[i]) : core::float_to_f16_bits(f[i]);
+    }
+    for (int j = 0; j < kStreamBatch; ++j) l[size_t(b * kStreamBatch + j)] = int32_t(rng() % uint64_t(mo.net.classes));
+  }
+  const void* src = mo.dtype == core::DType::f32 ? static_cast<const void*>(f.data()) : h.data();
+  GPULAB_CHECK(cudaMemcpyAsync(images, src, n * core::dtype_size(mo.dtype), cudaMemcpyHostToDevice, s));
+  GPULAB_CHECK(cudaMemcpyAsync(labels, l.data(), l.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  GPULAB_CHECK(cudaStreamSynchronize(s));  // the host vectors die here
+}
+
+struct TrainedWeights {
+  std::vector<float> init, params;
+  std::vector<float> losses;  // per step, per micro-batch
+  size_t buckets = 0;
+};
+
+// `steps` SGD steps of `accum` micro-batches; this rank's micro-batch m of step k is batch
+// (k·accum + m)·world + rank of the stream, as the sharded loader hands them out (a model batch of
+// several stream batches takes that many consecutive ones).
+TrainedWeights train_steps(const ModelOptions& mo, DataParallel* dp, int accum, int steps) {
+  const int rank = dp ? dp->rank() : 0, world = dp ? dp->world() : 1;
+  core::Stream s;
+  ResNet net(mo);
+  OptimizerConfig oc;
+  oc.momentum = 0.9f;
+  oc.weight_decay = 1e-4f;
+  Optimizer opt(oc, net.optimizer_params(), mo.dtype);
+  TrainedWeights run;
+  if (dp) dp->attach(net, s);
+  if (dp) run.buckets = dp->buckets().size();
+  run.init.resize(size_t(net.param_count()));
+  GPULAB_CHECK(cudaMemcpy(run.init.data(), net.params(), run.init.size() * 4, cudaMemcpyDeviceToHost));
+  core::DeviceBuffer<std::byte> images(size_t(mo.batch) * mo.image_size * mo.image_size * 3 * core::dtype_size(mo.dtype));
+  core::DeviceBuffer<int32_t> labels(size_t(mo.batch));
+  for (int k = 0; k < steps; ++k) {
+    for (int m = 0; m < accum; ++m) {
+      upload_batch(((int64_t(k) * accum + m) * world + rank) * (mo.batch / kStreamBatch), mo, images.get(), labels.get(), s);
+      net.forward(images.get(), true, s);
+      if (dp) dp->arm(m == accum - 1, s);
+      net.backward(labels.get(), 1.f / float(accum), m > 0, nullptr, s);
+      run.losses.push_back(net.last_loss(s));
+    }
+    if (dp) dp->finish(s);
+    opt.step(0.05f, nullptr, s);
+    if (dp) dp->wait(s);
+  }
+  s.synchronize();
+  run.params.resize(run.init.size());
+  GPULAB_CHECK(cudaMemcpy(run.params.data(), net.params(), run.params.size() * 4, cudaMemcpyDeviceToHost));
+  return run;
+}
+
+// |a - b| over |ref - init|: the difference in what training changed.
+double relative_update_error(const TrainedWeights& a, const TrainedWeights& ref) {
+  double diff = 0, update = 0;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    if (!std::isfinite(a.params[i])) return INFINITY;
+    diff += std::pow(double(a.params[i]) - ref.params[i], 2);
+    update += std::pow(double(ref.params[i]) - ref.init[i], 2);
+  }
+  return std::sqrt(diff / update);
+}
+
+}  // namespace
+
+TEST(DataParallelGpu, WorldOfOneThroughNcclIsBitIdenticalToThePlainPath) {
+  GPULAB_REQUIRE_GPU();
+  for (const core::DType dtype : {core::DType::f32, core::DType::bf16}) {
+    SCOPED_TRACE(std::string(core::dtype_name(dtype)));
+    const ModelOptions mo = tiny_model(dtype);
+    const TrainedWeights plain = train_steps(mo, nullptr, 2, 3);
+    comm::Communicator comm(comm::make_unique_id(), 0, 1, 0);
+    DataParallelOptions dpo;
+    dpo.bucket_bytes = 64 << 10;  // many small buckets, launched all through backward
+    DataParallel dp(comm, dpo);
+    const TrainedWeights nccl = train_steps(mo, &dp, 2, 3);
+    EXPECT_GT(nccl.buckets, 10u);
+    ASSERT_EQ(nccl.params.size(), plain.params.size());
+    EXPECT_EQ(std::memcmp(nccl.params.data(), plain.params.data(), plain.params.size() * 4), 0)
+        << "weights after 3 steps differ";
+    EXPECT_EQ(nccl.losses, plain.losses);
+    EXPECT_NE(plain.params, plain.init) << "training moved the weights";
+  }
+}
+
+TEST(DataParallelGpu, EveryGpuAsARankEqualsOneGpuAccumulatingTheSameMicroBatches) {
+  GPULAB_REQUIRE_GPU();
+  const int world = visible_gpus();
+  if (world < 2) GTEST_SKIP() << "needs 2 GPUs, " << world << " visible";
+  const ModelOptions mo = tiny_model(core::DType::f32);
+  const int steps = 4;
+  GPULAB_CHECK(cudaSetDevice(0));
+  const TrainedWeights single = train_steps(mo, nullptr, world, steps);
+  // On the wire: fp32 (only the order of sums differs), then bf16 and fp16 (rounded gradients).
+  for (const auto& [dtype, tolerance] : {std::pair{core::DType::f32, 1e-4}, std::pair{core::DType::bf16, 3e-2},
+                                          std::pair{core::DType::f16, 1e-2}}) {
+    SCOPED_TRACE("all-reduce in " + std::string(core::dtype_name(dtype)));
+    std::vector<TrainedWeights> ranks(static_cast<size_t>(world));
+    const comm::UniqueId id = comm::make_unique_id();
+    comm::run_on_gpus(world, [&](int rank) {
+      comm::Communicator comm(id, rank, world, rank, comm::CommOptions{std::chrono::seconds(120)});
+      DataParallelOptions dpo;
+      dpo.bucket_bytes = 256 << 10;
+      dpo.allreduce_dtype = dtype;
+      DataParallel dp(comm, dpo);
+      ranks[size_t(rank)] = train_steps(mo, &dp, 1, steps);
+      core::Stream s;
+      EXPECT_NEAR(dp.mean_over_ranks(float(2 * rank + 1), s), float(world), 1e-5 * world) << "mean of 1, 3, 5, ...";
+    });
+    for (int r = 1; r < world; ++r)
+      EXPECT_EQ(std::memcmp(ranks[size_t(r)].params.data(), ranks[0].params.data(), ranks[0].params.size() * 4), 0)
+          << "rank " << r << " drifted from rank 0: every rank must take the same step";
+    const double err = relative_update_error(ranks[0], single);
+    EXPECT_LT(err, tolerance) << "weights after " << steps << " steps vs one GPU with accumulation";
+    // Rank r's loss at step k is the single run's micro-batch r of step k.
+    for (int k = 0; k < steps; ++k)
+      for (int r = 0; r < world; ++r) {
+        const float a = ranks[size_t(r)].losses[size_t(k)], b = single.losses[size_t(k * world + r)];
+        EXPECT_NEAR(a, b, (dtype == core::DType::f32 ? 1e-5 : 1e-2) * std::fabs(b)) << "step " << k << " rank " << r;
+      }
+  }
+}
+
+TEST(DataParallelGpu, SyncBatchNormOfOneRankTracksCudnnBatchNorm) {
+  GPULAB_REQUIRE_GPU();
+  for (const auto& [dtype, tolerance] : {std::pair{core::DType::f32, 1e-4}, std::pair{core::DType::bf16, 5e-2}}) {
+    SCOPED_TRACE(std::string(core::dtype_name(dtype)));
+    const ModelOptions mo = tiny_model(dtype);
+    const TrainedWeights cudnn = train_steps(mo, nullptr, 2, 3);
+    comm::Communicator comm(comm::make_unique_id(), 0, 1, 0);
+    DataParallelOptions dpo;
+    dpo.sync_batchnorm = true;
+    DataParallel dp(comm, dpo);
+    const TrainedWeights own = train_steps(mo, &dp, 2, 3);
+    EXPECT_LT(relative_update_error(own, cudnn), tolerance);
+    for (size_t i = 0; i < cudnn.losses.size(); ++i)
+      EXPECT_NEAR(own.losses[i], cudnn.losses[i], (dtype == core::DType::f32 ? 1e-5 : 2e-2) * cudnn.losses[i]) << i;
+  }
+}
+
+// With BatchNorm over the global batch, N ranks of B images are one GPU with N·B images; without
+// it they are not, which shows that the comparison can tell.
+TEST(DataParallelGpu, SyncBatchNormOnEveryGpuEqualsOneGpuWithTheGlobalBatch) {
+  GPULAB_REQUIRE_GPU();
+  const int world = visible_gpus();
+  if (world < 2) GTEST_SKIP() << "needs 2 GPUs, " << world << " visible";
+  const int steps = 4;
+  GPULAB_CHECK(cudaSetDevice(0));
+  const TrainedWeights global = train_steps(tiny_model(core::DType::f32, world), nullptr, 1, steps);
+  double error[2] = {0, 0};
+  for (const bool sync : {true, false}) {
+    std::vector<TrainedWeights> ranks(static_cast<size_t>(world));
+    const comm::UniqueId id = comm::make_unique_id();
+    comm::run_on_gpus(world, [&](int rank) {
+      comm::Communicator comm(id, rank, world, rank, comm::CommOptions{std::chrono::seconds(120)});
+      DataParallelOptions dpo;
+      dpo.sync_batchnorm = sync;
+      DataParallel dp(comm, dpo);
+      ranks[size_t(rank)] = train_steps(tiny_model(core::DType::f32), &dp, 1, steps);
+    });
+    error[sync] = relative_update_error(ranks[0], global);
+    if (!sync) continue;
+    for (int k = 0; k < steps; ++k) {  // the global batch's loss is the mean of the ranks'
+      double mean = 0;
+      for (const auto& r : ranks) mean += r.losses[size_t(k)] / world;
+      EXPECT_NEAR(mean, global.losses[size_t(k)], 1e-4 * global.losses[size_t(k)]) << "step " << k;
+    }
+  }
+  EXPECT_LT(error[true], 1e-3) << "sync BN vs one GPU with the global batch";
+  EXPECT_GT(error[false], 10 * error[true]) << "per-rank BN should differ from the global batch";
+}
+
+namespace {
+TrainOptions tiny_training() {
+  TrainOptions o;
+  o.depth = 18;
+  o.classes = 10;
+  o.image_size = 32;
+  o.batch = 8;
+  o.accum = 2;
+  o.steps = 5;
+  o.warmup_steps_untimed = 1;
+  o.schedule.base = 0.05;
+  return o;
+}
+}  // namespace
+
+TEST(DataParallelGpu, TrainerWorldOfOneThroughNcclReportsThePlainLosses) {
+  GPULAB_REQUIRE_GPU();
+  for (const char* precision : {"fp32", "fp16"}) {
+    SCOPED_TRACE(precision);
+    TrainOptions o = tiny_training();
+    o.precision = precision;
+    std::vector<StepReport> plain, nccl;
+    run_training(o, [&](const StepReport& s) { plain.push_back(s); });
+    o.parallel.nccl = true;
+    o.parallel.bucket_bytes = 32 << 10;
+    const TrainReport r = run_training(o, [&](const StepReport& s) { nccl.push_back(s); });
+    ASSERT_EQ(nccl.size(), plain.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_EQ(nccl[i].loss, plain[i].loss) << "step " << i;
+      EXPECT_EQ(nccl[i].loss_scale, plain[i].loss_scale) << "step " << i;
+    }
+    EXPECT_EQ(r.rank, 0);
+    EXPECT_EQ(r.world, 1);
+  }
+}
+
+TEST(DataParallelGpu, TrainerOnEveryGpuReportsFromRankZeroOnly) {
+  GPULAB_REQUIRE_GPU();
+  const int world = visible_gpus();
+  if (world < 2) GTEST_SKIP() << "needs 2 GPUs, " << world << " visible";
+  TrainOptions o = tiny_training();
+  o.precision = "bf16";
+  o.parallel.gpus = world;
+  o.parallel.allreduce_dtype = core::DType::bf16;
+  o.parallel.sync_batchnorm = true;  // the whole path: bf16 model, bf16 wire, BatchNorm over all GPUs
+  std::mutex mutex;
+  std::vector<StepReport> steps;
+  const TrainReport r = run_training(o, [&](const StepReport& s) {
+    std::lock_guard lock(mutex);
+    steps.push_back(s);
+  });
+  ASSERT_EQ(steps.size(), size_t(o.steps)) << "one progress callback per step, from rank 0 alone";
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].step, int64_t(i));
+    EXPECT_TRUE(std::isfinite(steps[i].loss));
+  }
+  EXPECT_EQ(r.rank, 0);
+  EXPECT_EQ(r.world, world);
+  EXPECT_EQ(r.timed_images, (o.steps - 1) * o.batch * o.accum * world) << "throughput counts every rank's images";
+  EXPECT_GT(r.images_per_second, 0);
+}
+
+TEST(DataParallelGpu, BadOptionsAreInputErrors) {
+  GPULAB_REQUIRE_GPU();
+  TrainOptions o = tiny_training();
+  o.parallel.gpus = visible_gpus() + 1;
+  EXPECT_THROW(run_training(o), core::InputError);
+  o.parallel.gpus = 1;
+  o.parallel.nccl = true;
+  o.parallel.bucket_bytes = 0;
+  EXPECT_THROW(run_training(o), core::InputError);
+}
