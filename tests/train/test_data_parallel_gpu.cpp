@@ -37,6 +37,7 @@ ModelOptions tiny_model(core::DType dtype, int stream_batches = 1) {
   mo.dtype = dtype;
   mo.math = core::MathMode::strict_fp32;
   mo.seed = 5;
+  mo.deterministic = true;  // runs compared bit for bit need cuDNN's deterministic algorithms
   return mo;
 }
 
@@ -235,6 +236,7 @@ TrainOptions tiny_training() {
   o.steps = 5;
   o.warmup_steps_untimed = 1;
   o.schedule.base = 0.05;
+  o.deterministic = true;  // runs compared bit for bit
   return o;
 }
 }  // namespace
