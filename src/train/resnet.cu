@@ -228,17 +228,22 @@ struct ResNet::Impl {
   cudnnBatchNormMode_t bn_mode() const {
     return opt.dtype == core::DType::bf16 || opt.deterministic ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   }
-  // Batch norm goes through cuDNN's Ex entry points: for NHWC they run the NHWC kernels, where
-  // the plain ones took a generic path (7 ms a call on ResNet-50's layers at batch 256 on the
-  // H200: 94 % of a training step). Their workspace shares the convolutions'.
-  size_t bn_workspace_bytes(const ConvLayer& L) const {
+  // Batch norm goes through cuDNN's Ex entry points where cuDNN takes the layer: for NHWC they
+  // run the NHWC kernels, where the plain ones took a generic path (7 ms a call on ResNet-50's
+  // layers at batch 256 on the H200: 94 % of a training step). Their workspace shares the
+  // convolutions'. If the Ex calls refuse any layer, every layer keeps the plain calls (bn_ex false).
+  bool bn_ex = true;
+  size_t bn_workspace_bytes(const ConvLayer& L) {
     size_t fwd = 0, bwd = 0;
-    GPULAB_CHECK(cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, L.y_desc, nullptr, L.y_desc, L.bn_desc, nullptr, &fwd));
-    GPULAB_CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, L.y_desc,
-                                                                 nullptr, L.y_desc, nullptr, L.y_desc, L.bn_desc,
-                                                                 nullptr, &bwd));
-    return std::max(fwd, bwd);
+    const bool ok =
+        cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, L.y_desc,
+                                                                 nullptr, L.y_desc, L.bn_desc, nullptr, &fwd) ==
+            CUDNN_STATUS_SUCCESS &&
+        cudnnGetBatchNormalizationBackwardExWorkspaceSize(cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, L.y_desc, nullptr,
+                                                          L.y_desc, nullptr, L.y_desc, L.bn_desc, nullptr,
+                                                          &bwd) == CUDNN_STATUS_SUCCESS;
+    bn_ex = bn_ex && ok;
+    return ok ? std::max(fwd, bwd) : 0;
   }
 };
 
@@ -437,8 +442,9 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   L.d_out = L.d_out_own.get();
   for (auto* b : {&L.save_mean, &L.save_inv_var, &L.run_mean, &L.run_var}) *b = core::DeviceBuffer<float>(size_t(c));
   size_t reserve = 0;
-  GPULAB_CHECK(cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, nullptr,
-                                                                    L.y_desc, &reserve));
+  if (cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, nullptr, L.y_desc,
+                                                           &reserve) != CUDNN_STATUS_SUCCESS)
+    bn_ex = false;
   L.bn_reserve = core::DeviceBuffer<std::byte>(reserve);
   GPULAB_CHECK(cudaMemset(L.run_mean.get(), 0, L.run_mean.bytes()));
   const std::vector<float> ones(size_t(c), 1.f);
@@ -452,12 +458,17 @@ void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
   if (training && bn_sum) {
     sync_batchnorm_forward(sync_bn(L), L.conv_out.get(), L.out.get(), L.gamma, L.beta, L.run_mean.get(), L.run_var.get(),
                            L.save_mean.get(), L.save_inv_var.get(), s);
-  } else if (training) {
+  } else if (training && bn_ex) {
     GPULAB_CHECK(cudnnBatchNormalizationForwardTrainingEx(
         cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, &one, &zero, L.y_desc, L.conv_out.get(), nullptr, nullptr, L.y_desc,
         L.out.get(), L.bn_desc, L.gamma, L.beta, kBnMomentum, L.run_mean.get(), L.run_var.get(), kBnEpsilon,
         L.save_mean.get(), L.save_inv_var.get(), nullptr, workspace.get(), workspace.bytes(), L.bn_reserve.get(),
         L.bn_reserve.bytes()));
+  } else if (training) {
+    GPULAB_CHECK(cudnnBatchNormalizationForwardTraining(
+        cudnn, bn_mode(), &one, &zero, L.y_desc, L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc,
+        L.gamma, L.beta, kBnMomentum, L.run_mean.get(), L.run_var.get(), kBnEpsilon, L.save_mean.get(),
+        L.save_inv_var.get()));
   } else {
     GPULAB_CHECK(cudnnBatchNormalizationForwardInference(cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, L.y_desc,
                                                          L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc, L.gamma,
@@ -488,12 +499,17 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
   if (bn_sum) {
     sync_batchnorm_backward(sync_bn(L), L.conv_out.get(), L.d_out, d_conv, L.gamma, L.dgamma, L.dbeta, accumulate,
                             L.save_mean.get(), L.save_inv_var.get(), s);
-  } else {
+  } else if (bn_ex) {
     GPULAB_CHECK(cudnnBatchNormalizationBackwardEx(
         cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &param_beta, L.y_desc, L.conv_out.get(), nullptr,
         nullptr, L.y_desc, L.d_out, nullptr, nullptr, L.y_desc, d_conv, L.bn_desc, L.gamma, L.beta, L.dgamma, L.dbeta,
         kBnEpsilon, L.save_mean.get(), L.save_inv_var.get(), nullptr, workspace.get(), workspace.bytes(),
         L.bn_reserve.get(), L.bn_reserve.bytes()));
+  } else {
+    GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, bn_mode(), &one, &zero, &one, &param_beta,
+                                                 L.y_desc, L.conv_out.get(), L.y_desc, L.d_out, L.y_desc, d_conv,
+                                                 L.bn_desc, L.gamma, L.dgamma, L.dbeta, kBnEpsilon, L.save_mean.get(),
+                                                 L.save_inv_var.get()));
   }
   if (opt.dtype == core::DType::f32) {
     GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, d_conv, L.conv_desc,
