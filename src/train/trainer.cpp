@@ -158,14 +158,19 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   if (start > opt.steps)
     throw core::InputError(checkpoint_file(opt.checkpoint_dir).string() + " is at step " + std::to_string(start) +
                            ", past --steps " + std::to_string(opt.steps));
+  // The CPU and GPU loaders take the same batch, seed and augmentation (and so pick the same
+  // samples, crops and flips: data/sampling.h).
+  auto loader_options = [&]<class Options>(Options o) {
+    o.batch = opt.batch;
+    o.threads = opt.loader_threads;
+    o.seed = opt.seed;
+    o.augment.size = opt.image_size;
+    o.augment.out = prec.dtype;
+    return o;
+  };
   std::optional<data::Loader> loader;
   if (folder) {
-    data::LoaderOptions lo;
-    lo.batch = opt.batch;
-    lo.threads = opt.loader_threads;
-    lo.seed = opt.seed;
-    lo.augment.size = opt.image_size;
-    lo.augment.out = prec.dtype;
+    data::LoaderOptions lo = loader_options(data::LoaderOptions{});
     lo.first_batch = start * opt.accum;
     if (dp) lo.shard = {dp->rank(), dp->world()};
     if (opt.pipeline == "gpu") gpu_folder.emplace(std::move(*folder));
@@ -208,15 +213,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   core::DeviceBuffer<std::byte> images(image_bytes);
   core::DeviceBuffer<int32_t> labels(size_t(opt.batch));
   std::optional<data::GpuLoader> gpu_loader;
-  if (gpu_folder) {
-    data::GpuLoaderOptions go;
-    go.batch = opt.batch;
-    go.threads = opt.loader_threads;
-    go.seed = opt.seed;
-    go.augment.size = opt.image_size;
-    go.augment.out = prec.dtype;
-    gpu_loader.emplace(std::move(*gpu_folder), go);
-  }
+  if (gpu_folder) gpu_loader.emplace(std::move(*gpu_folder), loader_options(data::GpuLoaderOptions{}));
   const int rank = dp ? dp->rank() : 0, world = dp ? dp->world() : 1;
   // Every rank holds the same weights: rank 0 alone evaluates and writes files (checkpoints).
   const bool rank0 = rank == 0;
