@@ -222,11 +222,15 @@ struct ResNet::Impl {
 
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
-  // The persistent kernels are documented for fp32 and fp16 (NHWC: no overflow caveat); bf16
-  // keeps the general path. Both keep the same statistics, so inference uses SPATIAL. The
-  // persistent kernels' reductions are only documented deterministic for NCHW.
+  // The persistent kernels are documented for fp32 and fp16; bf16 keeps the general path. Both
+  // keep the same statistics, so inference uses SPATIAL. The persistent kernels' reductions are
+  // only documented deterministic for NCHW, and may reduce through scaled integers: strict fp32
+  // keeps the general path too (against torchvision on the H200, fp32 gradients drifted 0.1 %
+  // per layer through the persistent backward, 2 % by the stem).
   cudnnBatchNormMode_t bn_mode() const {
-    return opt.dtype == core::DType::bf16 || opt.deterministic ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    const bool strict_fp32 = opt.dtype == core::DType::f32 && opt.math == core::MathMode::strict_fp32;
+    return opt.dtype == core::DType::bf16 || opt.deterministic || strict_fp32 ? CUDNN_BATCHNORM_SPATIAL
+                                                                               : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   }
   // Batch norm goes through cuDNN's Ex entry points where cuDNN takes the layer: for NHWC they
   // run the NHWC kernels, where the plain ones took a generic path (7 ms a call on ResNet-50's
