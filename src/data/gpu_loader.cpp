@@ -43,7 +43,12 @@ GpuLoader::GpuLoader(ImageFolder folder, GpuLoaderOptions opt)
   if (folder_.samples.empty()) throw core::InputError(folder_.root.string() + ": no images to load");
   if (opt_.batch < 1 || opt_.threads < 1 || opt_.prefetch < 1)
     throw core::InputError("GPU loader: batch, threads and prefetch must be positive");
-  batches_per_epoch_ = data::batches_per_epoch(int64_t(folder_.samples.size()), opt_.batch, opt_.train);
+  const int64_t n = int64_t(folder_.samples.size());
+  if (!opt_.train && opt_.shard.world != 1) throw core::InputError("GPU loader: evaluation reads every image, unsharded");
+  if (opt_.first_batch < 0) throw core::InputError("GPU loader: first batch must not be negative");
+  batches_per_epoch_ = opt_.train ? shard_batches_per_epoch(n, opt_.batch, opt_.shard.world)
+                                  : data::batches_per_epoch(n, opt_.batch, false);
+  consumed_ = opt_.first_batch;  // batch contents depend on the seed and their number only
   decoder_ = make_batch_decoder(opt_.decode, opt_.threads);
   decoder_name_ = decoder_->name();
   const size_t image_elems = size_t(opt_.augment.size) * opt_.augment.size * 3;
@@ -96,7 +101,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
   }
   const int64_t n = int64_t(order_.size());
   const size_t count = size_t(opt_.batch);
-  const int64_t first = (b % batches_per_epoch_) * opt_.batch;
+  const int64_t first = shard_position(b % batches_per_epoch_, 0, opt_.batch, opt_.shard);  // slot i: first + i
   std::vector<int64_t> skip(count, 0);  // files of the order skipped for each slot so far
   std::vector<JpegSize> size(count);
   std::vector<const Sample*> sample(count);
@@ -191,7 +196,7 @@ void GpuLoader::produce() {
   const int64_t ring = int64_t(slots_.size());
   try {
     GPULAB_CHECK(cudaSetDevice(device_));
-    for (int64_t b = 0;; ++b) {
+    for (int64_t b = opt_.first_batch;; ++b) {
       {
         std::unique_lock lock(mutex_);
         work_cv_.wait(lock, [&] { return stop_ || b < consumed_ + ring; });

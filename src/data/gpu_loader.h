@@ -20,6 +20,7 @@
 #include "data/augment.h"
 #include "data/folder.h"
 #include "data/gpu_decode.h"
+#include "data/shard.h"
 
 namespace gpulab::data {
 
@@ -31,6 +32,8 @@ struct GpuLoaderOptions {
   bool train = true;  // false: file order, eval transform
   AugmentSpec augment;
   DecodeBackend decode = DecodeBackend::automatic;
+  Shard shard;              // train: this rank's share of each epoch, as the CPU loader's
+  int64_t first_batch = 0;  // global batch number to start at (a resumed run's position)
 };
 
 struct GpuBatch {

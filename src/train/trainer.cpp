@@ -98,7 +98,7 @@ constexpr const char* kOptimizerNames[] = {"sgd", "lars", "lamb"};  // Optimizer
 constexpr const char* kScheduleNames[] = {"cosine", "poly", "step"};  // ScheduleKind order
 
 // The options a checkpoint's bits depend on; a resume must repeat them.
-std::map<std::string, std::string> recipe(const TrainOptions& o, int classes, const data::Loader* loader) {
+std::map<std::string, std::string> recipe(const TrainOptions& o, int classes, int64_t images) {
   auto num = [](double v) {
     char b[32];
     std::snprintf(b, sizeof b, "%.9g", v);
@@ -112,7 +112,7 @@ std::map<std::string, std::string> recipe(const TrainOptions& o, int classes, co
           {"image_size", std::to_string(o.image_size)}, {"precision", o.precision}, {"batch", std::to_string(o.batch)},
           {"accum", std::to_string(o.accum)}, {"steps", std::to_string(o.steps)}, {"seed", std::to_string(o.seed)},
           {"label_smoothing", num(o.label_smoothing)}, {"deterministic", o.deterministic ? "yes" : "no"},
-          {"data", loader ? std::to_string(loader->folder().samples.size()) + " images" : "synthetic"},
+          {"data", images ? std::to_string(images) + " images" : "synthetic"},
           {"optimizer", std::string(kOptimizerNames[int(c.kind)]) + " momentum " + num(c.momentum) + (c.nesterov ? " nesterov" : "") +
                             " wd " + num(c.weight_decay) + " eta " + num(c.lars_eta) + " eps " + num(c.lars_eps) +
                             " betas " + num(c.beta1) + " " + num(c.beta2) + " " + num(c.lamb_eps) + " clip " +
@@ -132,11 +132,6 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   if (opt.resume && opt.checkpoint_dir.empty()) throw core::InputError("--resume needs --checkpoint DIR");
   if (opt.resume && !opt.init_from.empty()) throw core::InputError("--resume and --init-from exclude each other");
   if (opt.pipeline != "cpu" && opt.pipeline != "gpu") throw core::InputError("--pipeline must be cpu or gpu");
-  if (dp && dp->world() > 1 && opt.pipeline == "gpu")
-    throw core::InputError("--pipeline gpu runs on one GPU for now (its loader reads no shards yet): use --pipeline cpu "
-                           "with several GPUs");
-  if (opt.resume && opt.pipeline == "gpu")
-    throw core::InputError("--resume continues with --pipeline cpu only for now (the GPU loader cannot start mid-epoch yet)");
   std::optional<data::ImageFolder> folder;
   std::optional<data::ImageFolder> gpu_folder;  // the GPU loader is made once the device is known
   int classes = opt.classes;
@@ -158,25 +153,25 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   if (start > opt.steps)
     throw core::InputError(checkpoint_file(opt.checkpoint_dir).string() + " is at step " + std::to_string(start) +
                            ", past --steps " + std::to_string(opt.steps));
-  // The CPU and GPU loaders take the same batch, seed and augmentation (and so pick the same
-  // samples, crops and flips: data/sampling.h).
+  // The CPU and GPU loaders take the same batch, seed, augmentation, start and shard (and so
+  // pick the same samples, crops and flips: data/sampling.h).
   auto loader_options = [&]<class Options>(Options o) {
     o.batch = opt.batch;
     o.threads = opt.loader_threads;
     o.seed = opt.seed;
     o.augment.size = opt.image_size;
     o.augment.out = prec.dtype;
+    o.first_batch = start * opt.accum;
+    if (dp) o.shard = {dp->rank(), dp->world()};
     return o;
   };
+  const int64_t folder_images = folder ? int64_t(folder->samples.size()) : 0;
   std::optional<data::Loader> loader;
   if (folder) {
-    data::LoaderOptions lo = loader_options(data::LoaderOptions{});
-    lo.first_batch = start * opt.accum;
-    if (dp) lo.shard = {dp->rank(), dp->world()};
     if (opt.pipeline == "gpu") gpu_folder.emplace(std::move(*folder));
-    else loader.emplace(std::move(*folder), lo);
+    else loader.emplace(std::move(*folder), loader_options(data::LoaderOptions{}));
   }
-  const std::map<std::string, std::string> run_recipe = recipe(opt, classes, loader ? &*loader : nullptr);
+  const std::map<std::string, std::string> run_recipe = recipe(opt, classes, folder_images);
   if (resumed) check_same_recipe(opt.checkpoint_dir, resumed->recipe, run_recipe);
 
   if (const std::string why = core::why_no_device(); !why.empty()) throw core::NoDeviceError("training needs a CUDA device: " + why);

@@ -193,6 +193,55 @@ TEST(GpuLoader, CpuDecodeMatchesTheCpuLoaderBatchForBatch) {
   }
 }
 
+// A data-parallel rank's shard and a resumed run's start: the GPU loader reads what the CPU
+// loader reads with the same options (the CPU loader's sharding and first batch are CPU-tested).
+TEST(GpuLoader, ShardAndFirstBatchMatchTheCpuLoader) {
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_loader_shard");
+  make_dataset(t.path, dataset_options(3, 12, 200, 150));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  for (const Shard shard : {Shard{0, 2}, Shard{1, 2}})
+    for (const int64_t first : {int64_t{0}, int64_t{3}}) {
+      SCOPED_TRACE("rank " + std::to_string(shard.rank) + " of 2, first batch " + std::to_string(first));
+      LoaderOptions lo;
+      lo.batch = 4;
+      lo.threads = 2;
+      lo.seed = 11;
+      lo.augment.size = 32;
+      lo.shard = shard;
+      lo.first_batch = first;
+      GpuLoaderOptions go;
+      go.batch = lo.batch;
+      go.threads = 2;
+      go.seed = lo.seed;
+      go.augment = lo.augment;
+      go.decode = DecodeBackend::cpu;
+      go.shard = shard;
+      go.first_batch = first;
+      Loader cpu(folder, lo);
+      GpuLoader gpu(folder, go);
+      ASSERT_EQ(gpu.batches_per_epoch(), cpu.batches_per_epoch());
+      core::Stream stream;
+      const size_t n = size_t(lo.batch) * 32 * 32 * 3;
+      for (int b = 0; b < 6; ++b) {  // crosses an epoch (4 batches a rank)
+        const Batch& want = cpu.next();
+        const GpuBatch& got = gpu.next(stream);
+        EXPECT_EQ(got.index, first + b);
+        EXPECT_EQ(got.epoch, want.epoch);
+        std::vector<int32_t> labels(size_t(lo.batch));
+        GPULAB_CHECK(cudaMemcpyAsync(labels.data(), got.labels, labels.size() * 4, cudaMemcpyDeviceToHost, stream));
+        std::vector<std::byte> images(n * 4);
+        GPULAB_CHECK(cudaMemcpyAsync(images.data(), got.images, images.size(), cudaMemcpyDeviceToHost, stream));
+        stream.synchronize();
+        EXPECT_EQ(labels, want.labels) << "batch " << b;
+        EXPECT_EQ(count_mismatches(as_floats(images.data(), n, core::DType::f32),
+                                   as_floats(want.images.data(), n, core::DType::f32), 1e-4f, 0,
+                                   "batch " + std::to_string(b)),
+                  0);
+      }
+    }
+}
+
 TEST(GpuLoader, NvjpegDecodeIsCloseToTurboJpeg) {
   GPULAB_REQUIRE_GPU();
   if (!nvjpeg_built()) GTEST_SKIP() << "gpulab was built without nvJPEG";
