@@ -177,8 +177,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
                         float scale, float* part_o, float* part_m, float* part_l) {
   using Tile = DecodeTile<T, D>;
   constexpr int kVec = Tile::kVec, kLanes = Tile::kLanes, kChunks = Tile::kChunks, kRows = Tile::kRows;
-  constexpr int kPasses = kSplit / kRows;  // row passes over a full split
-  static_assert(kSplit % kRows == 0, "whole passes per split");
   extern __shared__ float smem[];
   auto qs = reinterpret_cast<float(*)[D]>(smem);                         // [G][D] pre-scaled queries
   auto scores = reinterpret_cast<float(*)[kSplit]>(smem + G * D);        // [G][kSplit], then probabilities
@@ -208,11 +206,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int s0 = split * kSplit, n = min(len - s0, kSplit);
     __syncthreads();  // q is loaded; the previous split's scores and partials are consumed
 
-    // Every lane of a warp runs every pass (the shuffles need them all): rows past n load
-    // nothing. The passes are unrolled so that their loads are all in flight together.
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int j = pass * kRows + row;
+    // Every lane of a warp runs every pass (the shuffles need them all): rows past n load nothing.
+    for (int j0 = 0; j0 < n; j0 += kRows) {
+      const int j = j0 + row;
       float kv[kChunks][kVec] = {};
       if (j < n) {
         const T* kp = k_cache + (slot_of(s0 + j) * kv_heads + kvh) * D;
@@ -256,10 +252,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     __syncthreads();
 
     float acc[G][kChunks][kVec] = {};
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int j = pass * kRows + row;
-      if (j >= n) continue;
+    for (int j = row; j < n; j += kRows) {
       const T* vp = v_cache + (slot_of(s0 + j) * kv_heads + kvh) * D;
       float vv[kChunks][kVec];
 #pragma unroll
