@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # One command on a fresh machine: install what is missing, build, run every test.
 # Tests labelled `gpu` skip with a reason where no CUDA device is visible.
+# Then (docs/reliability.md) the `cpu` tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (a clang build in build-fuzz/, which also replays every fuzz corpus), and each libFuzzer target
+# fuzzed for GPULAB_FUZZ_SECONDS (default 30). GPULAB_TEST_SANITIZE=0 skips both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 600
+
+if [[ ${GPULAB_TEST_SANITIZE:-1} != 0 ]]; then
+  start=$(date +%s)
+  # fuzz.sh configures build-fuzz and builds the fuzz targets; the tests are built here.
+  scripts/fuzz.sh 0 >/dev/null
+  cmake --build build-fuzz -j "$(nproc)"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-fuzz -L cpu --output-on-failure -j "$(nproc)" --timeout 900
+  echo "test.sh: cpu tests under ASan+UBSan passed in $(($(date +%s) - start)) s"
+  scripts/fuzz.sh "${GPULAB_FUZZ_SECONDS:-30}"
+fi

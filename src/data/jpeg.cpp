@@ -15,8 +15,11 @@ struct HandleDeleter {
 using Handle = std::unique_ptr<void, HandleDeleter>;
 
 // TurboJPEG handles are not thread-safe; one of each kind per thread, made on first use.
-tjhandle decompressor() {
-  thread_local Handle h(tjInitDecompress());
+// A decode that fails can leave the handle's state behind (the next file then reads as 0x0),
+// so `fresh` replaces it.
+tjhandle decompressor(bool fresh = false) {
+  thread_local Handle h;
+  if (!h || fresh) h.reset(tjInitDecompress());
   if (!h) throw core::Error("cannot create a TurboJPEG decompressor: " + std::string(tjGetErrorStr2(nullptr)));
   return h.get();
 }
@@ -30,18 +33,27 @@ tjhandle compressor() {
 }  // namespace
 
 Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name) {
-  tjhandle h = decompressor();
   if (bytes.empty()) throw CorruptImageError(name + ": empty file, not a JPEG");
+  tjhandle h = decompressor();
+  auto corrupt = [&](const std::string& what) {
+    const std::string message = name + ": " + what;
+    decompressor(true);
+    return CorruptImageError(message);
+  };
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (tjDecompressHeader3(h, bytes.data(), bytes.size(), &width, &height, &subsamp, &colorspace) != 0)
-    throw CorruptImageError(name + ": not a readable JPEG (" + tjGetErrorStr2(h) + ")");
+    throw corrupt(std::string("not a readable JPEG (") + tjGetErrorStr2(h) + ")");
   if (width <= 0 || height <= 0)
-    throw CorruptImageError(name + ": JPEG header gives size " + std::to_string(width) + "x" + std::to_string(height));
+    throw corrupt("JPEG header gives size " + std::to_string(width) + "x" + std::to_string(height));
+  // The header alone decides the allocation: a few bytes must not make us reserve gigabytes.
+  if (int64_t(width) * height > kMaxJpegPixels)
+    throw corrupt("JPEG header gives size " + std::to_string(width) + "x" + std::to_string(height) + ", more than " +
+                  std::to_string(kMaxJpegPixels) + " pixels");
   Image img{width, height, std::vector<uint8_t>(size_t(width) * height * 3)};
   // STOPONWARNING: a truncated file would otherwise decode "successfully" with grey rows.
   if (tjDecompress2(h, bytes.data(), bytes.size(), img.rgb.data(), width, 0, height, TJPF_RGB,
                     TJFLAG_STOPONWARNING | TJFLAG_ACCURATEDCT) != 0)
-    throw CorruptImageError(name + ": corrupt JPEG data (" + tjGetErrorStr2(h) + ")");
+    throw corrupt(std::string("corrupt JPEG data (") + tjGetErrorStr2(h) + ")");
   return img;
 }
 

@@ -76,7 +76,8 @@ void Scheduler::submit(GenerationRequest request) {
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
   if (prompt == 0) throw core::InputError("the prompt is empty");
   if (request.max_new_tokens < 1) throw core::InputError("max_tokens must be at least 1");
-  const int64_t total = prompt + request.max_new_tokens;
+  // Capped so that the sum cannot overflow; any cap beyond every context gives the same verdicts.
+  const int64_t total = prompt + std::min<int64_t>(request.max_new_tokens, int64_t{1} << 62);
   if (cfg.max_position_embeddings > 0 && total > cfg.max_position_embeddings)
     throw core::InputError("prompt (" + std::to_string(prompt) + " tokens) plus max_tokens (" +
                            std::to_string(request.max_new_tokens) + ") exceeds the model's context of " +
