@@ -1,6 +1,7 @@
 #include "trace/chrome_trace.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -33,10 +34,34 @@ std::string lower(std::string s) {
   return s;
 }
 
-// Reads one event; every accessor names the event on failure.
+// An integer JSON number within [lo, hi]; nothing otherwise (a float or a huge value is not
+// cast: that would be undefined behaviour).
+std::optional<int64_t> int_within(const json& v, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) return std::nullopt;
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > uint64_t(hi)) return std::nullopt;
+    return int64_t(v.get<uint64_t>());
+  }
+  const int64_t n = v.get<int64_t>();
+  if (n < lo || n > hi) return std::nullopt;
+  return n;
+}
+
+// obj[key] as an integer in [0, hi]; `fallback` when absent; anything else makes the trace malformed.
+int64_t count_field(const json& obj, const char* key, int64_t fallback, int64_t hi, const std::string& source) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) return fallback;
+  const auto n = int_within(*it, 0, hi);
+  if (!n) throw core::InputError(source + ": malformed trace: \"" + key + "\" is not an integer in [0, " + std::to_string(hi) + "]");
+  return *n;
+}
+
+// Reads one event; every accessor names the event on failure. Times are absolute (the document's
+// baseTimeNanoseconds added) and kept within ±2^62 ns, so that differences cannot overflow.
 class EventReader {
  public:
-  EventReader(const json& e, size_t index, const std::string& source) : e_(e), index_(index), source_(source) {}
+  EventReader(const json& e, size_t index, const std::string& source, int64_t base)
+      : e_(e), index_(index), source_(source), base_(base) {}
 
   [[noreturn]] void fail(const std::string& what) const {
     throw core::InputError(source_ + ": trace event " + std::to_string(index_) +
@@ -51,10 +76,16 @@ class EventReader {
     if (!std::isfinite(v) || std::fabs(v) > 4e15) fail(std::string("\"") + key + "\" out of range");
     return std::llround(v * 1000.0);
   }
+  int64_t start_ns() const { return offset(time_ns("ts"), base_, "\"ts\" plus baseTimeNanoseconds"); }
+  int64_t end_ns(int64_t start) const { return offset(start, time_ns("dur"), "\"ts\" plus \"dur\""); }
   // An integer that Kineto writes either as a number or as a string ("stream": 7, "tid": "7").
   static std::optional<int64_t> as_int(const json& v) {
     if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number()) return int64_t(v.get<double>());
+    if (v.is_number()) {
+      const double d = v.get<double>();
+      if (!(std::fabs(d) < 9e18)) return std::nullopt;  // NaN, infinite or beyond int64_t
+      return int64_t(d);
+    }
     if (v.is_string()) {
       const std::string s = v.get<std::string>();
       size_t used = 0;
@@ -91,8 +122,9 @@ class EventReader {
     if (!v) return d;
     if (!v->is_array() || v->size() > 3) fail(std::string("argument \"") + key + "\" is not [x, y, z]");
     for (size_t i = 0; i < v->size(); ++i) {
-      if (!(*v)[i].is_number()) fail(std::string("argument \"") + key + "\" is not [x, y, z]");
-      d[i] = (*v)[i].get<int>();
+      const auto n = int_within((*v)[i], 0, INT_MAX);
+      if (!n) fail(std::string("argument \"") + key + "\" is not [x, y, z] of non-negative integers");
+      d[i] = int(*n);
     }
     return d;
   }
@@ -101,17 +133,25 @@ class EventReader {
     return it != e_.end() && it->is_string() ? it->get<std::string>() : std::string();
   }
   void fill(GpuActivity& a) const {
-    a.start_ns = time_ns("ts");
-    a.end_ns = a.start_ns + time_ns("dur");
+    a.start_ns = start_ns();
+    a.end_ns = end_ns(a.start_ns);
     a.device = int(arg_int("device", top_int("pid", 0)));
     a.stream = arg_int("stream", top_int("tid", 0));
     a.correlation = arg_int("correlation", 0);
   }
 
  private:
+  int64_t offset(int64_t a, int64_t b, const char* what) const {
+    constexpr int64_t kLimit = (int64_t{1} << 62) - 1;
+    int64_t t = 0;
+    if (__builtin_add_overflow(a, b, &t) || t > kLimit || t < -kLimit) fail(std::string(what) + " out of range");
+    return t;
+  }
+
   const json& e_;
   size_t index_;
   const std::string& source_;
+  int64_t base_;
 };
 
 // "Memcpy HtoD (Pageable -> Device)"; unknown parts stay unknown.
@@ -164,13 +204,13 @@ Trace parse_events(const json& doc, const std::string& source) {
         if (!d.is_object() || !d.contains("id") || !d["id"].is_number()) continue;
         DeviceInfo info;
         info.name = d.value("name", "");
-        info.sm_count = d.value("numSms", 0);
-        info.pcie_generation = d.value("pcieGeneration", 0);
-        info.pcie_width = d.value("pcieWidth", 0);
-        t.devices[d["id"].get<int>()] = info;
+        info.sm_count = int(count_field(d, "numSms", 0, INT_MAX, source));
+        info.pcie_generation = int(count_field(d, "pcieGeneration", 0, INT_MAX, source));
+        info.pcie_width = int(count_field(d, "pcieWidth", 0, INT_MAX, source));
+        t.devices[int(count_field(d, "id", 0, INT_MAX, source))] = info;
       }
     if (auto it = doc.find("gpulab"); it != doc.end() && it->is_object()) {
-      t.dropped_records = it->value("dropped_records", int64_t(0));
+      t.dropped_records = count_field(*it, "dropped_records", 0, INT64_MAX, source);
       t.um_counters_enabled = it->value("um_counters_enabled", false);
     }
   }
@@ -179,12 +219,12 @@ Trace parse_events(const json& doc, const std::string& source) {
   for (size_t i = 0; i < events->size(); ++i) {
     const json& e = (*events)[i];
     if (!e.is_object()) throw core::InputError(source + ": trace event " + std::to_string(i) + " is not an object");
-    const EventReader r(e, i, source);
+    const EventReader r(e, i, source, base);
     const auto ph_it = e.find("ph");
     const std::string ph = ph_it != e.end() && ph_it->is_string() ? ph_it->get<std::string>() : "";
     const std::string cat = canonical_category(e);
     if (ph == "C" && cat == "gpulab_nvml") {
-      const int64_t ts = r.time_ns("ts") + base;
+      const int64_t ts = r.start_ns();
       NvmlSample& s = samples[{ts, r.top_int("pid", 0)}];
       s.time_ns = ts;
       s.device = int(r.top_int("pid", 0));
@@ -206,27 +246,24 @@ Trace parse_events(const json& doc, const std::string& source) {
       k.block = r.arg_dim3("block");
       k.registers = int(r.arg_int("registers per thread", 0));
       k.shared_memory = r.arg_int("shared memory", 0);
-      k.start_ns += base, k.end_ns += base;
       t.kernels.push_back(std::move(k));
     } else if (cat == "gpu_memcpy") {
       Memcpy m;
       r.fill(m);
       parse_memcpy_name(r.name(), m);
       m.bytes = r.arg_int("bytes", 0);
-      m.start_ns += base, m.end_ns += base;
       t.memcpys.push_back(m);
     } else if (cat == "gpu_memset") {
       Memset m;
       r.fill(m);
       m.dst = parse_memset_name(r.name());
       m.bytes = r.arg_int("bytes", 0);
-      m.start_ns += base, m.end_ns += base;
       t.memsets.push_back(m);
     } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
       ApiCall c;
       c.name = r.name();
-      c.start_ns = r.time_ns("ts") + base;
-      c.end_ns = c.start_ns + r.time_ns("dur");
+      c.start_ns = r.start_ns();
+      c.end_ns = r.end_ns(c.start_ns);
       c.thread = r.top_int("tid", 0);
       c.correlation = r.arg_int("correlation", 0);
       c.driver = cat == "cuda_driver";
@@ -236,8 +273,8 @@ Trace parse_events(const json& doc, const std::string& source) {
       const auto kind = parse_um_kind(r.name());
       if (!kind) r.fail("unknown unified-memory event kind");
       u.kind = *kind;
-      u.start_ns = r.time_ns("ts") + base;
-      u.end_ns = u.start_ns + r.time_ns("dur");
+      u.start_ns = r.start_ns();
+      u.end_ns = r.end_ns(u.start_ns);
       u.address = uint64_t(r.arg_int("address", 0));
       u.value = r.arg_int("value", 0);
       u.device = int(r.top_int("pid", 0));
@@ -264,7 +301,7 @@ Trace read_chrome_trace(const std::filesystem::path& path) {
   json doc;
   try {
     doc = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers beyond double (out_of_range)
     throw core::InputError(path.string() + ": not valid JSON (" + e.what() + ")");
   }
   return parse_chrome_trace(doc, path.string());

@@ -12,6 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     c.vocab_size > 0 && c.intermediate_size > 0,
                 "a parsed config has a positive shape");
     fuzz::check(c.num_heads % c.num_kv_heads == 0, "query heads are a multiple of KV heads");
+    fuzz::check(c.max_position_embeddings > 0, "the context is positive");
+    fuzz::check(c.num_params() > 0, "the parameter count is positive (and did not overflow)");
     (void)llm::weight_specs(c);
     (void)llm::rope_inv_freq(c.rope, c.head_dim);
   });
