@@ -1,11 +1,13 @@
-// Regression tests for config.json inputs the fuzzer (tests/fuzz/fuzz_config) found or aims at.
+// Regression tests for config.json and tokenizer.json inputs the fuzzers (tests/fuzz) found or aim at.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "fixtures.h"
 #include "llm/config.h"
+#include "llm/tokenizer.h"
 
 using namespace gpulab;
 using nlohmann::json;
@@ -59,4 +61,46 @@ TEST(ConfigRobustness, NonPositiveSlidingWindowIsRefused) {
   EXPECT_NE(refusal(c.dump()).find("sliding_window"), std::string::npos) << refusal(c.dump());
   c["sliding_window"] = 64;
   EXPECT_EQ(llm::parse_config(c.dump(), "config.json").max_position_embeddings, 64);
+}
+
+namespace {
+
+// A minimal BPE tokenizer.json (ids 0..3) with the given post_processor and decoder.
+std::string load_refusal(const json& post_processor, const json& decoder = nullptr) {
+  const json doc = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}},
+                    {"added_tokens", {{{"id", 3}, {"content", "<s>"}, {"special", true}}}},
+                    {"post_processor", post_processor},
+                    {"decoder", decoder}};
+  const auto path = std::filesystem::temp_directory_path() / ("gpulab_tok_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << doc.dump();
+  std::string refusal;
+  try {
+    llm::Tokenizer::from_file(path);
+  } catch (const core::InputError& e) {
+    refusal = e.what();
+  }
+  std::filesystem::remove(path);
+  return refusal;
+}
+
+json template_with_ids(const json& ids) {
+  return {{"type", "TemplateProcessing"},
+          {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+          {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", ids}, {"tokens", {"<s>"}}}}}}};
+}
+
+}  // namespace
+
+// Post-processor ids were taken unchecked (floats cast, ids beyond the vocabulary reached the
+// engine's embedding lookup); decoder counts were cast from any number.
+TEST(TokenizerRobustness, PostProcessorIdsAndDecoderCountsAreChecked) {
+  EXPECT_EQ(load_refusal(template_with_ids({3})), "");
+  EXPECT_NE(load_refusal(template_with_ids({1e300})).find("bad id"), std::string::npos);
+  EXPECT_NE(load_refusal(template_with_ids({-1})).find("bad id"), std::string::npos);
+  EXPECT_NE(load_refusal(template_with_ids({4})).find("beyond the vocabulary"), std::string::npos);
+  EXPECT_NE(load_refusal(template_with_ids(3)).find("not a list"), std::string::npos);
+  const json roberta = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 3}}, {"sep", {"</s>", 2.5}}};
+  EXPECT_NE(load_refusal(roberta).find("bad id"), std::string::npos);
+  const json strip = {{"type", "Strip"}, {"content", " "}, {"start", 1e300}, {"stop", 0}};
+  EXPECT_NE(load_refusal(nullptr, strip).find("Strip start"), std::string::npos);
 }
