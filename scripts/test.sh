@@ -14,7 +14,7 @@ if [[ ${GPULAB_TEST_SANITIZE:-1} != 0 ]]; then
   start=$(date +%s)
   # fuzz.sh configures build-fuzz and builds the fuzz targets; the tests are built here.
   scripts/fuzz.sh 0 >/dev/null
-  cmake --build build-fuzz -j "$(nproc)"
+  cmake --build build-fuzz -j "$(nproc)" --target cpu_tests
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-fuzz -L cpu --output-on-failure -j "$(nproc)" --timeout 900
   echo "test.sh: cpu tests under ASan+UBSan passed in $(($(date +%s) - start)) s"

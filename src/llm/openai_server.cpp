@@ -57,11 +57,10 @@ int64_t int_field(const json& body, const char* name, int64_t fallback, int64_t 
   const json* v = present(body, name);
   if (!v) return fallback;
   const std::string range = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  if (!v->is_number_integer()) wrong(name, range);
-  if (v->is_number_unsigned() ? v->get<uint64_t>() > static_cast<uint64_t>(hi) : v->get<int64_t>() < lo ||
-                                                                                      v->get<int64_t>() > hi)
-    wrong(name, range);
-  return v->get<int64_t>();
+  if (!v->is_number_integer() || (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))) wrong(name, range);
+  const int64_t n = v->get<int64_t>();
+  if (n < lo || n > hi) wrong(name, range);
+  return n;
 }
 
 double float_field(const json& body, const char* name, double fallback, double lo, double hi) {

@@ -37,11 +37,7 @@ std::string lower(std::string s) {
 // An integer JSON number within [lo, hi]; nothing otherwise (a float or a huge value is not
 // cast: that would be undefined behaviour).
 std::optional<int64_t> int_within(const json& v, int64_t lo, int64_t hi) {
-  if (!v.is_number_integer()) return std::nullopt;
-  if (v.is_number_unsigned()) {
-    if (v.get<uint64_t>() > uint64_t(hi)) return std::nullopt;
-    return int64_t(v.get<uint64_t>());
-  }
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))) return std::nullopt;
   const int64_t n = v.get<int64_t>();
   if (n < lo || n > hi) return std::nullopt;
   return n;

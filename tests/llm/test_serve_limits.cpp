@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/http_client.h"
+#include "core/error.h"
 #include "core/http_server.h"
 #include "fixtures.h"
 #include "llm/engine.h"
@@ -202,4 +203,21 @@ TEST(ServeLimits, BeyondKvCapacityRequestsWaitOr429) {
   const SchedulerMetrics m = s.scheduler().metrics();
   EXPECT_EQ(m.kv_free_tokens, m.kv_capacity_tokens);
   EXPECT_EQ(m.running + m.waiting, 0);
+}
+
+// crash_max_tokens_zero in the fuzz corpus: 0 passed the range check (it parses as an unsigned
+// JSON number) and was refused only later by the scheduler; the body parser refuses it itself.
+TEST(ServeLimits, BodyParserChecksTheLowerBoundOfNonNegativeNumbers) {
+  const Tokenizer tokenizer = Tokenizer::from_file(llm::testing::fixture_dir("llama_tiny"));
+  for (const char* body : {R"({"prompt": "a", "max_tokens": 0})", R"({"prompt": "a", "max_completion_tokens": 0})"}) {
+    try {
+      parse_generation_body(json::parse(body), false, tokenizer, named_tiny());
+      ADD_FAILURE() << body << " was accepted";
+    } catch (const gpulab::core::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("must be an integer in [1, "), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse_generation_body(json::parse(R"({"prompt": "a", "max_tokens": 1})"), false, tokenizer, named_tiny())
+                .request.max_new_tokens,
+            1);
 }
