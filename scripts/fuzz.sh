@@ -45,7 +45,10 @@ for t in "${targets[@]}"; do
            -artifact_prefix="$artifacts" "$work" "$seeds" >>"$log" 2>&1; then
     result="CRASH: $(ls -t "$artifacts" | head -1) (see $log)"
   fi
-  [[ $result == ok ]] || failed=1
+  if [[ $result != ok ]]; then
+    failed=1
+    tail -40 "$log"  # the report, with the input in Base64 (CI keeps no files)
+  fi
   execs=$(awk '/^stat::number_of_executed_units:/ {v = $2} END {print v}' "$log")
   rate=$(awk '/^stat::average_exec_per_sec:/ {v = $2} END {print v}' "$log")
   units=$(find "$work" "$seeds" -type f | wc -l)

@@ -1,8 +1,10 @@
 // Helpers shared by the libFuzzer targets.
 #pragma once
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -17,11 +19,20 @@
 namespace gpulab::fuzz {
 
 // A scratch folder of this process (in /dev/shm when there is one: targets rewrite files every
-// run), removed at exit.
+// run), removed at exit. A crash skips that, so folders of processes that are gone are removed
+// when the next one starts.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
     const std::filesystem::path base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
-    auto d = base / ("gpulab_fuzz_" + std::to_string(::getpid()));
+    const std::string prefix = "gpulab_fuzz_";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
+    }
+    auto d = base / (prefix + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     std::atexit([] { std::error_code ec; std::filesystem::remove_all(scratch_dir(), ec); });
     return d;
