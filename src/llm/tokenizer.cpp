@@ -355,6 +355,7 @@ struct TokenizerImpl {
   std::vector<PreTokenizer> pre_tokenizers;
   std::vector<Decoder> decoders;
   bool has_decoder = false;
+  bool byte_fallback_decoder = false;  // a ByteFallback decoder is in the chain
   std::vector<PostProcessor> post_processors;
   std::vector<int32_t> post_processor_ids;  // checked against the vocabulary once it is known
   int32_t vocab_size = 0;
@@ -576,6 +577,7 @@ void add_decoder(TokenizerImpl& t, const json& j) {
       for (std::string& s : tokens) replace_all(s, find(s), c);
     });
   } else if (type == "ByteFallback") {
+    t.byte_fallback_decoder = true;
     t.decoders.push_back([](std::vector<std::string>& tokens) {
       std::vector<std::string> out;
       std::string bytes;
@@ -914,6 +916,13 @@ std::string Tokenizer::decode_stream(std::span<const int32_t> ids, StreamState& 
   const std::string prefix = decode(ids.subspan(state.prefix_begin, state.read_begin - state.prefix_begin), skip_special);
   const std::string full = decode(ids.subspan(state.prefix_begin), skip_special);
   if (full.size() <= prefix.size() || (!flush && detail::ends_with_replacement_char(full))) return "";
+  // ByteFallback decodes a run of <0xNN> tokens as a whole: one invalid byte later in the run
+  // turns the run's earlier, valid characters into U+FFFD too. So a run is held back until a
+  // token that is not a byte ends it (found by tests/fuzz/fuzz_tokenizer_encode).
+  if (!flush && impl_->byte_fallback_decoder) {
+    const auto last = impl_->model_tokens.find(ids[n - 1]);
+    if (last != impl_->model_tokens.end() && detail::fallback_byte(last->second)) return "";
+  }
   state.prefix_begin = state.read_begin;
   state.read_begin = n;
   return full.substr(prefix.size());

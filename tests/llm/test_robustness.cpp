@@ -104,3 +104,26 @@ TEST(TokenizerRobustness, PostProcessorIdsAndDecoderCountsAreChecked) {
   const json strip = {{"type", "Strip"}, {"content", " "}, {"start", 1e300}, {"stop", 0}};
   EXPECT_NE(load_refusal(nullptr, strip).find("Strip start"), std::string::npos);
 }
+
+// crash_byte_run_turns_invalid in the fuzz corpus: with SentencePiece byte fallback, the byte run
+// E1 BA 9B CC A3 (valid: "ẛ̣") followed by E3 (invalid) decodes as a whole to U+FFFD per byte, so
+// streaming had sent "ẛ̣" and then a cut-off suffix (a stray 0xBD byte: invalid UTF-8 to clients).
+TEST(TokenizerRobustness, StreamedTextEqualsDecodeWhenAByteRunTurnsInvalid) {
+  const std::string text =
+      "e\xcc\x81 \xe2\x84\xab \xe1\xba\x9b\xcc\xa3\xe3\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e "
+      "\xf0\x9f\x99\x82";
+  const llm::Tokenizer tok = llm::Tokenizer::from_file(llm::testing::fixture_dir("tokenizer_spm"));
+  const std::vector<int32_t> ids = tok.encode(text);
+  const std::string decoded = tok.decode(ids);
+  ASSERT_NE(decoded.find("\xEF\xBF\xBD"), std::string::npos) << "the run decodes to U+FFFD";
+  llm::Tokenizer::StreamState state;
+  std::string streamed;
+  for (size_t n = 1; n <= ids.size(); ++n) streamed += tok.decode_stream(std::span(ids).first(n), state, false, n == ids.size());
+  EXPECT_EQ(streamed, decoded);
+  // Text without byte tokens still streams token by token.
+  const std::vector<int32_t> plain = tok.encode("hello world, this is plain text");
+  state = {};
+  size_t pieces = 0;
+  for (size_t n = 1; n <= plain.size(); ++n) pieces += !tok.decode_stream(std::span(plain).first(n), state).empty();
+  EXPECT_GE(pieces + 1, plain.size());
+}
