@@ -195,8 +195,14 @@ LlamaConfig parse_config(const std::string& json_text, const std::string& path) 
   c.num_kv_heads = doc.contains("num_key_value_heads") && !doc["num_key_value_heads"].is_null()
                        ? f.positive(doc, "num_key_value_heads")
                        : c.num_heads;
-  c.head_dim = doc.contains("head_dim") && !doc["head_dim"].is_null() ? f.positive(doc, "head_dim")
-                                                                      : c.hidden_size / c.num_heads;
+  if (doc.contains("head_dim") && !doc["head_dim"].is_null()) {
+    c.head_dim = f.positive(doc, "head_dim");
+  } else {
+    if (c.hidden_size % c.num_heads != 0)
+      f.fail("hidden_size (" + std::to_string(c.hidden_size) + ") is not a multiple of num_attention_heads (" +
+             std::to_string(c.num_heads) + ") and there is no head_dim");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
   c.vocab_size = f.positive(doc, "vocab_size");
   c.max_position_embeddings = f.positive(doc, "max_position_embeddings");
   c.rms_norm_eps = f.number(doc, "rms_norm_eps");

@@ -127,3 +127,16 @@ TEST(TokenizerRobustness, StreamedTextEqualsDecodeWhenAByteRunTurnsInvalid) {
   for (size_t n = 1; n <= plain.size(); ++n) pieces += !tok.decode_stream(std::span(plain).first(n), state).empty();
   EXPECT_GE(pieces + 1, plain.size());
 }
+
+// crash_head_dim_zero in the fuzz corpus: hidden_size 2 with 8 heads and no head_dim parsed as
+// head_dim 0 (hidden_size / num_heads), a shape no engine can run.
+TEST(ConfigRobustness, HeadDimFromHiddenSizeMustDivideEvenly) {
+  json c = tiny_config();
+  c.erase("head_dim");
+  c["hidden_size"] = 2;
+  EXPECT_NE(refusal(c.dump()).find("not a multiple of num_attention_heads"), std::string::npos) << refusal(c.dump());
+  c["hidden_size"] = 102;  // 4 heads
+  EXPECT_NE(refusal(c.dump()).find("not a multiple of num_attention_heads"), std::string::npos);
+  c["hidden_size"] = 256;
+  EXPECT_EQ(llm::parse_config(c.dump(), "config.json").head_dim, 64);
+}
