@@ -191,9 +191,10 @@ bool Scheduler::step_once() {
         text.resize(stop_at);
         reason = "stop";
       }
-      const size_t safe = reason.empty()
-                              ? text.size() - std::max(stop_prefix_suffix(text, a.request.stop), incomplete_tail(text))
-                              : text.size();
+      // While the last tokens are an unfinished byte-fallback run, their text may still change.
+      const size_t safe = !reason.empty()                         ? text.size()
+                          : tokenizer_->ends_in_byte_run(text_ids) ? a.text_emitted
+                          : text.size() - std::max(stop_prefix_suffix(text, a.request.stop), incomplete_tail(text));
       if (safe > a.text_emitted) {
         const std::string piece = text.substr(a.text_emitted, safe - a.text_emitted);
         a.text_emitted = safe;

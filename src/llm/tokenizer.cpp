@@ -907,6 +907,14 @@ bool Tokenizer::is_special(int32_t id) const {
   return it != impl_->added_by_id.end() && it->second->special;
 }
 
+bool Tokenizer::ends_in_byte_run(std::span<const int32_t> ids) const {
+  // ByteFallback decodes a run of <0xNN> tokens as a whole: one invalid byte later in the run
+  // turns the run's earlier, valid characters into U+FFFD too (found by fuzz_tokenizer_encode).
+  if (!impl_->byte_fallback_decoder || ids.empty()) return false;
+  const auto last = impl_->model_tokens.find(ids.back());
+  return last != impl_->model_tokens.end() && detail::fallback_byte(last->second).has_value();
+}
+
 std::string Tokenizer::decode_stream(std::span<const int32_t> ids, StreamState& state, bool skip_special,
                                      bool flush) const {
   // As in `tokenizers`' DecodeStream: decode a window that starts a few tokens back, so that
@@ -916,13 +924,7 @@ std::string Tokenizer::decode_stream(std::span<const int32_t> ids, StreamState& 
   const std::string prefix = decode(ids.subspan(state.prefix_begin, state.read_begin - state.prefix_begin), skip_special);
   const std::string full = decode(ids.subspan(state.prefix_begin), skip_special);
   if (full.size() <= prefix.size() || (!flush && detail::ends_with_replacement_char(full))) return "";
-  // ByteFallback decodes a run of <0xNN> tokens as a whole: one invalid byte later in the run
-  // turns the run's earlier, valid characters into U+FFFD too. So a run is held back until a
-  // token that is not a byte ends it (found by tests/fuzz/fuzz_tokenizer_encode).
-  if (!flush && impl_->byte_fallback_decoder) {
-    const auto last = impl_->model_tokens.find(ids[n - 1]);
-    if (last != impl_->model_tokens.end() && detail::fallback_byte(last->second)) return "";
-  }
+  if (!flush && ends_in_byte_run(ids)) return "";
   state.prefix_begin = state.read_begin;
   state.read_begin = n;
   return full.substr(prefix.size());

@@ -57,6 +57,9 @@ class Tokenizer {
   };
   std::string decode_stream(std::span<const int32_t> ids, StreamState& state,
                             bool skip_special = false, bool flush = false) const;
+  // True when `ids` ends in a run of byte-fallback tokens (<0xNN>) that a ByteFallback decoder
+  // decodes as a whole: text from that run may still change, so streams hold it back.
+  bool ends_in_byte_run(std::span<const int32_t> ids) const;
 
  private:
   explicit Tokenizer(std::shared_ptr<const detail::TokenizerImpl> impl) : impl_(std::move(impl)) {}

@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "fixtures.h"
 #include "llm/config.h"
+#include "llm/engine.h"
+#include "llm/scheduler.h"
 #include "llm/tokenizer.h"
 
 using namespace gpulab;
@@ -139,4 +141,78 @@ TEST(ConfigRobustness, HeadDimFromHiddenSizeMustDivideEvenly) {
   EXPECT_NE(refusal(c.dump()).find("not a multiple of num_attention_heads"), std::string::npos);
   c["hidden_size"] = 256;
   EXPECT_EQ(llm::parse_config(c.dump(), "config.json").head_dim, 64);
+}
+
+namespace {
+
+// An engine whose greedy choice at each step is the next token of a script.
+class ScriptedEngine final : public llm::Engine {
+ public:
+  ScriptedEngine(llm::LlamaConfig cfg, std::vector<int32_t> script) : cfg_(std::move(cfg)), script_(std::move(script)) {}
+  const llm::LlamaConfig& config() const override { return cfg_; }
+  const char* device_name() const override { return "scripted"; }
+  int64_t max_batch() const override { return 1; }
+  int64_t kv_capacity_tokens() const override { return 4096; }
+  int64_t kv_free_tokens() const override { return open_ ? 0 : 4096; }
+  int64_t max_sequence_tokens() const override { return 4096; }
+  std::optional<llm::SeqId> open(int64_t) override {
+    open_ = true;
+    return 0;
+  }
+  void close(llm::SeqId) override { open_ = false; }
+  void step(std::span<const llm::SeqId>, std::span<const std::span<const int32_t>>, std::span<float> logits) override {
+    std::fill(logits.begin(), logits.end(), 0.f);
+    logits[script_[std::min(next_++, script_.size() - 1)]] = 1.f;
+  }
+
+ private:
+  llm::LlamaConfig cfg_;
+  std::vector<int32_t> script_;
+  size_t next_ = 0;
+  bool open_ = false;
+};
+
+}  // namespace
+
+// The same byte run through the scheduler, which streams `serve`'s text: the pieces it hands to
+// on_text must concatenate to the final text, and each must be valid UTF-8 on its own.
+TEST(TokenizerRobustness, SchedulerStreamsAByteRunThatTurnsInvalidConsistently) {
+  // The fixture marks its byte tokens special (the scheduler's text skips those); in Llama 2's
+  // own tokenizer.json they are plain vocabulary, as here.
+  json doc;
+  std::ifstream(llm::testing::fixture_dir("tokenizer_spm") / "tokenizer.json") >> doc;
+  for (json& added : doc["added_tokens"])
+    if (added["content"].get<std::string>().starts_with("<0x")) added["special"] = false;
+  const auto path = std::filesystem::temp_directory_path() / ("gpulab_spm_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << doc.dump();
+  const llm::Tokenizer tok = llm::Tokenizer::from_file(path);
+  std::filesystem::remove(path);
+  const std::vector<int32_t> script = tok.encode("ok \xe1\xba\x9b\xcc\xa3\xe3\xed\x95\x9c done");
+  ASSERT_NE(tok.decode(script, true).find("\xEF\xBF\xBD"), std::string::npos) << "the run decodes to U+FFFD";
+  llm::LlamaConfig cfg = llm::read_model_config(llm::testing::fixture_dir("llama_tiny"));
+  cfg.vocab_size = tok.vocab_size();
+  cfg.max_position_embeddings = 4096;
+  ScriptedEngine engine(cfg, script);
+  llm::Scheduler scheduler(engine, tok);
+  llm::GenerationRequest r;
+  r.prompt = {script[0]};
+  r.max_new_tokens = static_cast<int64_t>(script.size());
+  r.stop_at_eos = false;
+  std::vector<std::string> pieces;
+  llm::GenerationResult result;
+  r.on_text = [&](const std::string& piece) {
+    pieces.push_back(piece);
+    return true;
+  };
+  r.on_done = [&](const llm::GenerationResult& res) { result = res; };
+  scheduler.submit(std::move(r));
+  scheduler.run_until_idle();
+  ASSERT_EQ(result.tokens, script);
+  std::string streamed;
+  for (const auto& p : pieces) {
+    EXPECT_EQ(json(p).dump(-1, ' ', false, json::error_handler_t::strict).empty(), false);  // throws if not UTF-8
+    streamed += p;
+  }
+  EXPECT_EQ(streamed, result.text);
+  EXPECT_EQ(result.text, tok.decode(script, true));
 }
