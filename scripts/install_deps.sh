@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ git pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev
-          libpcre2-dev libturbojpeg0-dev)
+          libpcre2-dev libturbojpeg0-dev clang libclang-rt-dev)
 
 missing=()
 for p in "${packages[@]}"; do

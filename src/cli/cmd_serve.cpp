@@ -21,6 +21,10 @@ struct ServeOptions {
   int port = 8000;
   std::string served_name;
   int64_t prefill_chunk = 512;
+  std::string api_key;
+  int64_t max_prompt_tokens = 0;
+  size_t max_body_bytes = 8 << 20;
+  bool log_prompts = false;
 };
 
 int run_serve(const ServeOptions& opt) {
@@ -44,11 +48,18 @@ int run_serve(const ServeOptions& opt) {
                                                          : opt.model.config;
   if (server_options.model_name.empty())
     server_options.model_name = std::filesystem::path(opt.model.model).parent_path().filename().string();
-  core::HttpServer server;
+  server_options.api_key = opt.api_key;
+  server_options.max_prompt_tokens = opt.max_prompt_tokens;
+  server_options.log_prompts = opt.log_prompts;
+  core::HttpLimits limits;
+  limits.max_body_bytes = opt.max_body_bytes;
+  core::HttpServer server(limits);
   llm::add_openai_routes(server, scheduler, tokenizer, server_options);
   server.start(opt.host, opt.port);
   core::log_info("gpulab serve: model \"", server_options.model_name, "\" on ", engine->device_name(), ", listening on http://",
                  opt.host, ":", server.port(), " (KV room ", engine->kv_capacity_tokens(), " tokens); Ctrl-C or SIGTERM stops");
+  if (opt.api_key.empty() && opt.host != "127.0.0.1")
+    core::log_warn("gpulab serve: listening beyond loopback without an API key (--api-key or GPULAB_API_KEY)");
 
   int sig = 0;
   sigwait(&signals, &sig);
@@ -66,7 +77,7 @@ void add_serve_command(CLI::App& app, Runner& run) {
   auto opt = std::make_shared<ServeOptions>();
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching");
   add_model_options(*sub, opt->model);
-  sub->add_option("--host", opt->host, "IPv4 address to listen on")->capture_default_str();
+  sub->add_option("--host", opt->host, "IPv4 address to listen on (0.0.0.0: every interface; consider --api-key)")->capture_default_str();
   sub->add_option("--port", opt->port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   sub->add_option("--max-batch", opt->model.engine.cuda.max_batch, "Most requests in one engine step")
       ->check(CLI::PositiveNumber)
@@ -75,6 +86,16 @@ void add_serve_command(CLI::App& app, Runner& run) {
   sub->add_option("--prefill-chunk", opt->prefill_chunk, "Prompt tokens a request feeds per step")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  sub->add_option("--api-key", opt->api_key,
+                  "Require `Authorization: Bearer KEY` on every route but /health (or set GPULAB_API_KEY)")
+      ->envname("GPULAB_API_KEY");
+  sub->add_option("--max-prompt-tokens", opt->max_prompt_tokens, "Longer prompts get HTTP 400 (0: the context length only)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_option("--max-body-bytes", opt->max_body_bytes, "Larger request bodies get HTTP 413")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_flag("--log-prompts", opt->log_prompts, "Log each request with its prompt text (off: counts and times only)");
   sub->footer(
       "Endpoints: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events),\n"
       "GET /v1/models, GET /health, GET /metrics (Prometheus).\n"

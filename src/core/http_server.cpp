@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
@@ -41,16 +42,6 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
 }
 
-std::string error_body(const std::string& message) {
-  // The OpenAI-style error shape; plain enough for any client.
-  std::string escaped;
-  for (char c : message) {
-    if (c == '"' || c == '\\') escaped += '\\';
-    escaped += c;
-  }
-  return "{\"error\":{\"message\":\"" + escaped + "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
-}
-
 std::string head(const HttpResponse& r, bool keep_alive) {
   std::ostringstream out;
   out << "HTTP/1.1 " << r.status << " " << http_reason(r.status) << "\r\n";
@@ -63,6 +54,21 @@ std::string head(const HttpResponse& r, bool keep_alive) {
     out << (keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n") << "\r\n";
   }
   return out.str();
+}
+
+// Answers an error before the request was read to its end, then reads (and drops) what the
+// client still sends for up to a second: closing with unread bytes would reset the connection,
+// and the client could lose the answer.
+void send_error(int fd, int status, const std::string& why) {
+  const HttpResponse r{status, "application/json", http_error_body(why), {}, {}};
+  const std::string out = head(r, false) + r.body;
+  if (!send_all(fd, out.data(), out.size())) return;
+  ::shutdown(fd, SHUT_WR);
+  char sink[16384];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  for (pollfd p{fd, POLLIN, 0}; std::chrono::steady_clock::now() < until && ::poll(&p, 1, 100) >= 0;) {
+    if (p.revents && ::recv(fd, sink, sizeof sink, 0) <= 0) break;
+  }
 }
 
 // Reads from fd into buf until `pred` holds; false on timeout, close, error or stop.
@@ -96,6 +102,7 @@ const char* http_reason(int status) {
   switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
@@ -107,6 +114,61 @@ const char* http_reason(int status) {
     case 503: return "Service Unavailable";
     default: return "Status";
   }
+}
+
+std::string http_error_body(const std::string& message, const std::string& type) {
+  const nlohmann::json body = {{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
+  // Messages may quote request bytes (a path, a header): invalid UTF-8 becomes U+FFFD, not a throw.
+  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  // Every byte of `b` is visited whatever `a` holds; only the lengths show in the time.
+  unsigned diff = a.size() != b.size();
+  for (size_t i = 0; i < b.size(); ++i) diff |= static_cast<unsigned char>(i < a.size() ? a[i] : 0) ^ static_cast<unsigned char>(b[i]);
+  return diff == 0;
+}
+
+HttpRequestHead parse_request_head(std::string_view head, const HttpLimits& limits) {
+  HttpRequestHead out;
+  HttpRequest& req = out.request;
+  auto fail = [&](int status, std::string why) {
+    out.error_status = status;
+    out.error = std::move(why);
+    return out;
+  };
+  const size_t line_end = std::min(head.find('\n'), head.size());
+  std::istringstream first(std::string(head.substr(0, line_end)));
+  std::string target;
+  first >> req.method >> target >> out.version;
+  if (req.method.empty() || target.empty() || target[0] != '/' || out.version.rfind("HTTP/1.", 0) != 0)
+    return fail(400, "malformed request line");
+  const size_t q = target.find('?');
+  req.path = target.substr(0, q);
+  if (q != std::string::npos) req.query = target.substr(q + 1);
+  size_t pos = line_end;
+  while (pos < head.size()) {
+    const size_t begin = pos + 1;
+    const size_t end = std::min(head.find('\n', begin), head.size());
+    pos = end;
+    const std::string line(head.substr(begin, end - begin));
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    req.headers[lower(trim(line.substr(0, colon)))] = trim(line.substr(colon + 1));
+  }
+  if (req.headers.count("transfer-encoding")) return fail(411, "chunked request bodies are not supported; send Content-Length");
+  if (auto it = req.headers.find("content-length"); it != req.headers.end()) {
+    const std::string& text = it->second;
+    if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos)
+      return fail(400, "bad Content-Length");
+    const unsigned long long n = std::stoull(text);
+    if (n > limits.max_body_bytes)
+      return fail(413, "request body larger than the limit of " + std::to_string(limits.max_body_bytes) + " bytes");
+    out.body_bytes = static_cast<size_t>(n);
+  }
+  auto connection = req.headers.find("connection");
+  out.keep_alive = out.version == "HTTP/1.1" && (connection == req.headers.end() || lower(connection->second) != "close");
+  return out;
 }
 
 bool HttpStream::write(const std::string& data) {
@@ -158,9 +220,7 @@ void HttpServer::accept_loop() {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     if (connections_ >= limits_.max_connections) {
-      HttpResponse busy{503, "application/json", error_body("too many connections"), {}, {}};
-      const std::string out = head(busy, false) + busy.body;
-      send_all(fd, out.data(), out.size());
+      send_error(fd, 503, "too many connections");
       ::close(fd);
       continue;
     }
@@ -178,16 +238,16 @@ void HttpServer::accept_loop() {
 
 HttpResponse HttpServer::dispatch(const HttpRequest& request) const {
   auto path = routes_.find(request.path);
-  if (path == routes_.end()) return {404, "application/json", error_body("no route " + request.path), {}, {}};
+  if (path == routes_.end()) return {404, "application/json", http_error_body("no route " + request.path), {}, {}};
   auto handler = path->second.find(request.method);
   if (handler == path->second.end())
-    return {405, "application/json", error_body(request.method + " is not allowed on " + request.path), {}, {}};
+    return {405, "application/json", http_error_body(request.method + " is not allowed on " + request.path), {}, {}};
   try {
     return handler->second(request);
   } catch (const InputError& e) {
-    return {400, "application/json", error_body(e.what()), {}, {}};
+    return {400, "application/json", http_error_body(e.what()), {}, {}};
   } catch (const std::exception& e) {
-    return {500, "application/json", error_body(e.what()), {}, {}};
+    return {500, "application/json", http_error_body(e.what()), {}, {}};
   }
 }
 
@@ -197,44 +257,13 @@ void HttpServer::serve_connection(int fd) {
     size_t header_end = std::string::npos;
     if (!read_until(fd, buf, limits_.max_header_bytes, limits_.idle_timeout_seconds, stopping_,
                     [&] { return (header_end = buf.find("\r\n\r\n")) != std::string::npos; })) {
-      if (buf.size() > limits_.max_header_bytes) {
-        HttpResponse r{431, "application/json", error_body("request headers too large"), {}, {}};
-        const std::string out = head(r, false) + r.body;
-        send_all(fd, out.data(), out.size());
-      }
+      if (buf.size() > limits_.max_header_bytes) send_error(fd, 431, "request headers too large");
       return;
     }
-    HttpRequest req;
-    std::istringstream lines(buf.substr(0, header_end));
-    std::string line, version;
-    std::getline(lines, line);
-    std::istringstream first(line);
-    std::string target;
-    first >> req.method >> target >> version;
-    auto bad = [&](int status, const std::string& why) {
-      HttpResponse r{status, "application/json", error_body(why), {}, {}};
-      const std::string out = head(r, false) + r.body;
-      send_all(fd, out.data(), out.size());
-    };
-    if (req.method.empty() || target.empty() || target[0] != '/' || version.rfind("HTTP/1.", 0) != 0)
-      return bad(400, "malformed request line");
-    const size_t q = target.find('?');
-    req.path = target.substr(0, q);
-    if (q != std::string::npos) req.query = target.substr(q + 1);
-    while (std::getline(lines, line)) {
-      const size_t colon = line.find(':');
-      if (colon == std::string::npos) continue;
-      req.headers[lower(trim(line.substr(0, colon)))] = trim(line.substr(colon + 1));
-    }
-    if (req.headers.count("transfer-encoding")) return bad(411, "chunked request bodies are not supported; send Content-Length");
-    size_t body_bytes = 0;
-    if (auto it = req.headers.find("content-length"); it != req.headers.end()) {
-      char* end = nullptr;
-      const unsigned long long n = std::strtoull(it->second.c_str(), &end, 10);
-      if (it->second.empty() || *end != '\0') return bad(400, "bad Content-Length");
-      if (n > limits_.max_body_bytes) return bad(413, "request body larger than " + std::to_string(limits_.max_body_bytes) + " bytes");
-      body_bytes = static_cast<size_t>(n);
-    }
+    HttpRequestHead parsed = parse_request_head(std::string_view(buf).substr(0, header_end), limits_);
+    if (parsed.error_status) return send_error(fd, parsed.error_status, parsed.error);
+    HttpRequest& req = parsed.request;
+    const size_t body_bytes = parsed.body_bytes;
     buf.erase(0, header_end + 4);
     if (!read_until(fd, buf, limits_.max_body_bytes + 1, limits_.idle_timeout_seconds, stopping_,
                     [&] { return buf.size() >= body_bytes; }))
@@ -242,7 +271,7 @@ void HttpServer::serve_connection(int fd) {
     req.body = buf.substr(0, body_bytes);
     buf.erase(0, body_bytes);
 
-    const bool keep_alive = lower(req.headers["connection"]) != "close" && version == "HTTP/1.1";
+    const bool keep_alive = parsed.keep_alive;
     HttpResponse res = dispatch(req);
     const std::string header = head(res, keep_alive && !res.stream);
     if (!send_all(fd, header.data(), header.size())) return;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace gpulab::core {
@@ -51,6 +52,24 @@ struct HttpLimits {
   int max_connections = 1024;
   int idle_timeout_seconds = 30;
 };
+
+// The request line and headers of one request (the bytes before the blank line), parsed and
+// checked against the limits; the body is read after it.
+struct HttpRequestHead {
+  HttpRequest request;   // method, path, query, headers; body empty
+  std::string version;   // "HTTP/1.1"
+  size_t body_bytes = 0; // from Content-Length
+  bool keep_alive = false;
+  int error_status = 0;  // non-zero: answer this status with `error` and close the connection
+  std::string error;
+};
+HttpRequestHead parse_request_head(std::string_view head, const HttpLimits& limits);
+
+// The OpenAI-style error body: {"error": {"message", "type", "param", "code"}}.
+std::string http_error_body(const std::string& message, const std::string& type = "invalid_request_error");
+
+// Equality whose time depends only on the lengths, not on where the strings differ (API keys).
+bool constant_time_equal(std::string_view a, std::string_view b);
 
 class HttpServer {
  public:

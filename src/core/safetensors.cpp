@@ -202,8 +202,9 @@ Checkpoint::Checkpoint(const fs::path& path) {
     }
     for (const auto& [shard_name, names] : names_by_shard) {
       const auto shard_path = file.parent_path() / shard_name;
-      if (!fs::exists(shard_path))
-        bad_file(file, "shard '" + shard_name + "' named by the index is missing");
+      std::error_code ec;  // a name the file system refuses (too long, ...) is the index's fault
+      if (!fs::exists(shard_path, ec))
+        bad_file(file, "shard '" + shard_name + "' named by the index " + (ec ? "cannot be read: " + ec.message() : "is missing"));
       shards_.push_back(std::make_unique<SafetensorsFile>(shard_path));
       for (const auto& name : names) {
         const TensorInfo* info = shards_.back()->find(name);

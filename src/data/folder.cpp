@@ -24,19 +24,24 @@ ImageFolder scan_image_folder(const fs::path& root) {
   if (!fs::is_directory(root, ec))
     throw core::InputError(root.string() + ": not a folder (expected ROOT/<class>/*.JPEG)");
   ImageFolder out{root, {}, {}};
-  for (const auto& entry : fs::directory_iterator(root)) {
-    if (entry.is_directory()) out.classes.push_back(entry.path().filename().string());
-  }
-  std::sort(out.classes.begin(), out.classes.end());
-  if (out.classes.empty())
-    throw core::InputError(root.string() + ": no class folders (expected ROOT/<class>/*.JPEG; make one with "
-                           "`gpulab dataset make`)");
-  for (size_t c = 0; c < out.classes.size(); ++c) {
-    std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(root / out.classes[c]))
-      if (entry.is_regular_file() && is_jpeg_name(entry.path())) files.push_back(entry.path());
-    std::sort(files.begin(), files.end());
-    for (auto& f : files) out.samples.push_back({std::move(f), static_cast<int32_t>(c)});
+  // An entry that cannot be read (a symbolic link loop, no permission) is the user's to fix.
+  try {
+    for (const auto& entry : fs::directory_iterator(root)) {
+      if (entry.is_directory()) out.classes.push_back(entry.path().filename().string());
+    }
+    std::sort(out.classes.begin(), out.classes.end());
+    if (out.classes.empty())
+      throw core::InputError(root.string() + ": no class folders (expected ROOT/<class>/*.JPEG; make one with "
+                             "`gpulab dataset make`)");
+    for (size_t c = 0; c < out.classes.size(); ++c) {
+      std::vector<fs::path> files;
+      for (const auto& entry : fs::directory_iterator(root / out.classes[c]))
+        if (entry.is_regular_file() && is_jpeg_name(entry.path())) files.push_back(entry.path());
+      std::sort(files.begin(), files.end());
+      for (auto& f : files) out.samples.push_back({std::move(f), static_cast<int32_t>(c)});
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw core::InputError(e.path1().string() + ": cannot read (" + e.code().message() + ")");
   }
   if (out.samples.empty())
     throw core::InputError(root.string() + ": " + std::to_string(out.classes.size()) +

@@ -15,8 +15,11 @@ struct HandleDeleter {
 using Handle = std::unique_ptr<void, HandleDeleter>;
 
 // TurboJPEG handles are not thread-safe; one of each kind per thread, made on first use.
-tjhandle decompressor() {
-  thread_local Handle h(tjInitDecompress());
+// A decode that fails can leave the handle's state behind (the next file then reads as 0x0),
+// so `fresh` replaces it.
+tjhandle decompressor(bool fresh = false) {
+  thread_local Handle h;
+  if (!h || fresh) h.reset(tjInitDecompress());
   if (!h) throw core::Error("cannot create a TurboJPEG decompressor: " + std::string(tjGetErrorStr2(nullptr)));
   return h.get();
 }
@@ -51,13 +54,24 @@ bool has_end_marker(std::span<const uint8_t> b) {
   return false;
 }
 
+// A failed decode can leave the thread's decompressor broken (the next file then reads as 0x0):
+// the error comes with a fresh one for the next file.
+CorruptImageError corrupt(const std::string& name, const std::string& what) {
+  decompressor(true);
+  return CorruptImageError(name + ": " + what);
+}
+
 JpegSize header_size(tjhandle h, std::span<const uint8_t> bytes, const std::string& name) {
   if (bytes.empty()) throw CorruptImageError(name + ": empty file, not a JPEG");
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (tjDecompressHeader3(h, bytes.data(), bytes.size(), &width, &height, &subsamp, &colorspace) != 0)
-    throw CorruptImageError(name + ": not a readable JPEG (" + tjGetErrorStr2(h) + ")");
+    throw corrupt(name, std::string("not a readable JPEG (") + tjGetErrorStr2(h) + ")");
   if (width <= 0 || height <= 0)
-    throw CorruptImageError(name + ": JPEG header gives size " + std::to_string(width) + "x" + std::to_string(height));
+    throw corrupt(name, "JPEG header gives size " + std::to_string(width) + "x" + std::to_string(height));
+  // The header alone decides the allocation: a few bytes must not make us reserve gigabytes.
+  if (int64_t(width) * height > kMaxJpegPixels)
+    throw corrupt(name, "JPEG header gives size " + std::to_string(width) + "x" + std::to_string(height) +
+                            ", more than " + std::to_string(kMaxJpegPixels) + " pixels");
   return {width, height};
 }
 
@@ -76,7 +90,7 @@ Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name) {
   // STOPONWARNING: a truncated file would otherwise decode "successfully" with grey rows.
   if (tjDecompress2(h, bytes.data(), bytes.size(), img.rgb.data(), width, 0, height, TJPF_RGB,
                     TJFLAG_STOPONWARNING | TJFLAG_ACCURATEDCT) != 0)
-    throw CorruptImageError(name + ": corrupt JPEG data (" + tjGetErrorStr2(h) + ")");
+    throw corrupt(name, std::string("corrupt JPEG data (") + tjGetErrorStr2(h) + ")");
   return img;
 }
 

@@ -27,6 +27,9 @@ class CorruptImageError : public core::InputError {
   using core::InputError::InputError;
 };
 
+// Larger images are refused as corrupt (16384 x 16384; ImageNet's largest is under 5000 x 5000).
+inline constexpr int64_t kMaxJpegPixels = int64_t{1} << 28;
+
 // `name` only labels the error message.
 Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name);
 Image read_jpeg(const std::filesystem::path& path);  // I/O failures throw core::InputError

@@ -71,7 +71,7 @@ JsonFile parse_json(const std::string& text, const std::string& path) {
   JsonFile f{path, {}};
   try {
     f.doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers beyond double (out_of_range)
     f.fail(std::string("malformed JSON: ") + e.what());
   }
   if (!f.doc.is_object()) f.fail("malformed config: the top level is not a JSON object");
@@ -136,6 +136,18 @@ RopeConfig parse_rope(const JsonFile& f) {
 }
 
 void check_shape(const JsonFile& f, const LlamaConfig& c) {
+  // Bounds far beyond any released model keep sizes and parameter counts within int64_t.
+  auto at_most = [&](const char* what, int64_t value, int64_t limit) {
+    if (value > limit)
+      f.fail(std::string(what) + " " + std::to_string(value) + " is implausibly large (at most " + std::to_string(limit) + ")");
+  };
+  at_most("hidden_size", c.hidden_size, int64_t{1} << 20);
+  at_most("intermediate_size", c.intermediate_size, int64_t{1} << 22);
+  at_most("num_hidden_layers", c.num_layers, int64_t{1} << 12);
+  at_most("vocab_size", c.vocab_size, int64_t{1} << 24);
+  at_most("head_dim", c.head_dim, int64_t{1} << 12);
+  at_most("num_attention_heads", c.num_heads, int64_t{1} << 12);
+  at_most("max_position_embeddings", c.max_position_embeddings, int64_t{1} << 32);
   if (c.num_heads % c.num_kv_heads != 0)
     f.fail("num_attention_heads (" + std::to_string(c.num_heads) + ") is not a multiple of num_key_value_heads (" +
            std::to_string(c.num_kv_heads) + ")");
@@ -183,8 +195,14 @@ LlamaConfig parse_config(const std::string& json_text, const std::string& path) 
   c.num_kv_heads = doc.contains("num_key_value_heads") && !doc["num_key_value_heads"].is_null()
                        ? f.positive(doc, "num_key_value_heads")
                        : c.num_heads;
-  c.head_dim = doc.contains("head_dim") && !doc["head_dim"].is_null() ? f.positive(doc, "head_dim")
-                                                                      : c.hidden_size / c.num_heads;
+  if (doc.contains("head_dim") && !doc["head_dim"].is_null()) {
+    c.head_dim = f.positive(doc, "head_dim");
+  } else {
+    if (c.hidden_size % c.num_heads != 0)
+      f.fail("hidden_size (" + std::to_string(c.hidden_size) + ") is not a multiple of num_attention_heads (" +
+             std::to_string(c.num_heads) + ") and there is no head_dim");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
   c.vocab_size = f.positive(doc, "vocab_size");
   c.max_position_embeddings = f.positive(doc, "max_position_embeddings");
   c.rms_norm_eps = f.number(doc, "rms_norm_eps");
@@ -198,7 +216,7 @@ LlamaConfig parse_config(const std::string& json_text, const std::string& path) 
   // Sliding-window attention (Mistral, some Qwen2) equals full attention up to the window.
   if (doc.contains("sliding_window") && doc["sliding_window"].is_number_integer() &&
       (!is_qwen2 || f.optional<bool>(doc, "use_sliding_window", false)))
-    c.max_position_embeddings = std::min(c.max_position_embeddings, doc["sliding_window"].get<int64_t>());
+    c.max_position_embeddings = std::min(c.max_position_embeddings, f.positive(doc, "sliding_window"));
 
   const json* dtype = doc.contains("dtype") && !doc["dtype"].is_null() ? &doc["dtype"]
                       : doc.contains("torch_dtype")                    ? &doc["torch_dtype"]

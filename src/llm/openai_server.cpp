@@ -1,14 +1,19 @@
 #include "llm/openai_server.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <ctime>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace gpulab::llm {
 
@@ -28,8 +33,7 @@ struct Channel {
 };
 
 core::HttpResponse error_response(int status, const std::string& message, const std::string& type) {
-  return {status, "application/json",
-          json{{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}}.dump(), {}, {}};
+  return {status, "application/json", core::http_error_body(message, type), {}, {}};
 }
 
 json parse_body(const core::HttpRequest& req) {
@@ -39,43 +43,64 @@ json parse_body(const core::HttpRequest& req) {
   return body;
 }
 
-template <class T>
-T field(const json& body, const char* name, T fallback) {
-  if (!body.contains(name) || body[name].is_null()) return fallback;
-  try {
-    return body[name].get<T>();
-  } catch (const json::exception&) {
-    throw core::InputError(std::string("\"") + name + "\" has the wrong type");
-  }
+const json* present(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
-struct Parsed {
-  GenerationRequest request;
-  bool stream = false;
-};
-
-Parsed parse_common(const json& body, const ServerOptions& options) {
-  Parsed p;
-  p.stream = field(body, "stream", false);
-  p.request.max_new_tokens = field<int64_t>(body, "max_tokens", field<int64_t>(body, "max_completion_tokens", options.default_max_tokens));
-  p.request.sampling.temperature = field(body, "temperature", 1.0f);
-  p.request.sampling.top_p = field(body, "top_p", 1.0f);
-  p.request.sampling.top_k = field(body, "top_k", 0);
-  p.request.sampling.seed = field<uint64_t>(body, "seed", g_request_counter.load());
-  validate(p.request.sampling);
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    if (body["stop"].is_string()) p.request.stop.push_back(body["stop"]);
-    else if (body["stop"].is_array()) {
-      for (const auto& s : body["stop"]) {
-        if (!s.is_string()) throw core::InputError("\"stop\" must be a string or a list of strings");
-        p.request.stop.push_back(s);
-      }
-    } else throw core::InputError("\"stop\" must be a string or a list of strings");
-  }
-  return p;
+[[noreturn]] void wrong(const char* name, const std::string& what) {
+  throw core::InputError(std::string("\"") + name + "\" must be " + what);
 }
 
-std::string sse(const json& chunk) { return "data: " + chunk.dump() + "\n\n"; }
+// Numbers are range-checked before conversion: a huge value is refused, never wrapped or cast.
+int64_t int_field(const json& body, const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const json* v = present(body, name);
+  if (!v) return fallback;
+  const std::string range = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  if (!v->is_number_integer() || (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))) wrong(name, range);
+  const int64_t n = v->get<int64_t>();
+  if (n < lo || n > hi) wrong(name, range);
+  return n;
+}
+
+double float_field(const json& body, const char* name, double fallback, double lo, double hi) {
+  const json* v = present(body, name);
+  if (!v) return fallback;
+  if (!v->is_number() || !(v->get<double>() >= lo && v->get<double>() <= hi))
+    wrong(name, "a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v->get<double>();
+}
+
+bool bool_field(const json& body, const char* name, bool fallback) {
+  const json* v = present(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) wrong(name, "true or false");
+  return v->get<bool>();
+}
+
+std::vector<int32_t> token_ids(const json& prompt) {
+  std::vector<int32_t> ids;
+  for (const auto& id : prompt) {
+    if (!id.is_number_integer()) throw core::InputError("\"prompt\" mixes token ids and other values");
+    if (id.is_number_unsigned() ? id.get<uint64_t>() > INT32_MAX : id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      throw core::InputError("token id " + id.dump() + " is outside the vocabulary");
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return ids;
+}
+
+// The process's resident set (for /metrics: load tests watch it stay flat); 0 when unknown.
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+// JSON text of a reply; text that is not valid UTF-8 is replaced (U+FFFD), never a throw.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse(const json& chunk) { return "data: " + dump(chunk) + "\n\n"; }
 
 }  // namespace
 
@@ -116,19 +141,85 @@ std::string format_chat(const Tokenizer& tokenizer, const json& messages) {
   return out;
 }
 
+ParsedGeneration parse_generation_body(const json& body, bool chat, const Tokenizer& tokenizer,
+                                       const ServerOptions& options) {
+  if (!body.is_object()) throw core::InputError("the request body must be a JSON object");
+  ParsedGeneration p;
+  GenerationRequest& r = p.request;
+  p.stream = bool_field(body, "stream", false);
+  r.stop_at_eos = !bool_field(body, "ignore_eos", false);  // vLLM's extension: fixed lengths for load tests
+  constexpr int64_t kMaxTokens = int64_t{1} << 40;  // beyond any context; keeps sums far from overflow
+  r.max_new_tokens = int_field(body, "max_tokens", int_field(body, "max_completion_tokens", options.default_max_tokens, 1, kMaxTokens),
+                               1, kMaxTokens);
+  r.sampling.temperature = static_cast<float>(float_field(body, "temperature", 1.0, 0.0, 1e6));
+  r.sampling.top_p = static_cast<float>(float_field(body, "top_p", 1.0, 0.0, 1.0));
+  r.sampling.top_k = static_cast<int>(int_field(body, "top_k", 0, 0, INT32_MAX));
+  if (const json* seed = present(body, "seed")) {
+    if (!seed->is_number_integer() || (!seed->is_number_unsigned() && seed->get<int64_t>() < 0))
+      wrong("seed", "a non-negative integer");
+    r.sampling.seed = seed->get<uint64_t>();
+  } else {
+    r.sampling.seed = g_request_counter.load();
+  }
+  validate(r.sampling);
+  if (const json* stop = present(body, "stop")) {
+    const bool list = stop->is_array() && std::all_of(stop->begin(), stop->end(), [](const json& s) { return s.is_string(); });
+    if (!stop->is_string() && !list) wrong("stop", "a string or a list of strings");
+    if (stop->is_string()) r.stop.push_back(stop->get<std::string>());
+    else for (const auto& s : *stop) r.stop.push_back(s.get<std::string>());
+  }
+  if (chat) {
+    if (!body.contains("messages")) throw core::InputError("\"messages\" is required");
+    p.prompt_text = format_chat(tokenizer, body["messages"]);
+    r.prompt = tokenizer.encode(p.prompt_text, false);
+  } else {
+    if (!body.contains("prompt")) throw core::InputError("\"prompt\" is required");
+    const json& prompt = body["prompt"];
+    if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
+      r.prompt = token_ids(prompt);
+      p.prompt_text = prompt.dump();
+    } else {
+      if (prompt.is_string()) p.prompt_text = prompt.get<std::string>();
+      else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) p.prompt_text = prompt[0].get<std::string>();
+      else throw core::InputError("\"prompt\" must be a string, one string in a list, or a list of token ids");
+      r.prompt = tokenizer.encode(p.prompt_text, true);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  if (options.max_prompt_tokens > 0 && n > options.max_prompt_tokens)
+    throw core::InputError("the prompt is " + std::to_string(n) + " tokens, more than this server's limit of " +
+                           std::to_string(options.max_prompt_tokens) + " (--max-prompt-tokens)");
+  return p;
+}
+
 void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tokenizer& tokenizer,
                        const ServerOptions& options) {
+  // With an API key every route but /health (for load balancers' probes) checks
+  // `Authorization: Bearer KEY`, compared in constant time.
+  auto route = [&server, key = options.api_key](const std::string& method, const std::string& path, core::HttpHandler handler) {
+    if (key.empty()) return server.route(method, path, std::move(handler));
+    server.route(method, path, [key, handler = std::move(handler)](const core::HttpRequest& req) {
+      auto auth = req.headers.find("authorization");
+      const std::string_view given = auth == req.headers.end() ? std::string_view() : std::string_view(auth->second);
+      if (!given.starts_with("Bearer ") || !core::constant_time_equal(given.substr(7), key))
+        return core::HttpResponse{401, "application/json",
+                                  core::http_error_body("invalid or missing API key: send `Authorization: Bearer KEY`",
+                                                        "authentication_error"),
+                                  {{"WWW-Authenticate", "Bearer"}}, {}};
+      return handler(req);
+    });
+  };
   server.route("GET", "/health", [](const core::HttpRequest&) {
     return core::HttpResponse{200, "application/json", R"({"status":"ok"})", {}, {}};
   });
 
-  server.route("GET", "/v1/models", [options](const core::HttpRequest&) {
+  route("GET", "/v1/models", [options](const core::HttpRequest&) {
     const json body = {{"object", "list"},
                        {"data", {{{"id", options.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "gpulab"}}}}};
-    return core::HttpResponse{200, "application/json", body.dump(), {}, {}};
+    return core::HttpResponse{200, "application/json", dump(body), {}, {}};
   });
 
-  server.route("GET", "/metrics", [&scheduler](const core::HttpRequest&) {
+  route("GET", "/metrics", [&scheduler](const core::HttpRequest&) {
     const SchedulerMetrics m = scheduler.metrics();
     std::ostringstream out;
     auto metric = [&out](const char* name, const char* type, const char* help, int64_t value) {
@@ -144,6 +235,7 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
     metric("gpulab_kv_capacity_tokens", "gauge", "KV cache capacity in tokens.", m.kv_capacity_tokens);
     metric("gpulab_kv_used_tokens", "gauge", "KV cache tokens reserved by running requests.", m.kv_capacity_tokens - m.kv_free_tokens);
     metric("gpulab_steps_total", "counter", "Engine steps run.", m.steps);
+    metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", resident_bytes());
     return core::HttpResponse{200, "text/plain; version=0.0.4", out.str(), {}, {}};
   });
 
@@ -155,26 +247,7 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
           !options.model_name.empty())
         return error_response(404, "model \"" + body["model"].get<std::string>() + "\" is not served here (this server has \"" +
                                        options.model_name + "\")", "not_found_error");
-      Parsed p = parse_common(body, options);
-      if (chat) {
-        if (!body.contains("messages")) throw core::InputError("\"messages\" is required");
-        p.request.prompt = tokenizer.encode(format_chat(tokenizer, body["messages"]), false);
-      } else {
-        if (!body.contains("prompt")) throw core::InputError("\"prompt\" is required");
-        const json& prompt = body["prompt"];
-        if (prompt.is_string()) {
-          p.request.prompt = tokenizer.encode(prompt.get<std::string>(), true);
-        } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
-          for (const auto& id : prompt) {
-            if (!id.is_number_integer()) throw core::InputError("\"prompt\" mixes token ids and other values");
-            p.request.prompt.push_back(id.get<int32_t>());
-          }
-        } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
-          p.request.prompt = tokenizer.encode(prompt[0].get<std::string>(), true);
-        } else {
-          throw core::InputError("\"prompt\" must be a string, one string in a list, or a list of token ids");
-        }
-      }
+      ParsedGeneration p = parse_generation_body(body, chat, tokenizer, options);
       if (scheduler.metrics().waiting >= static_cast<int64_t>(options.max_waiting))
         return error_response(429, "the server is busy: too many queued requests, retry later", "rate_limit_error");
 
@@ -190,7 +263,13 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
         channel->ready.notify_one();
         return true;
       };
-      p.request.on_done = [channel](const GenerationResult& r) {
+      // Prompt text reaches the log only when the operator asked (--log-prompts).
+      const std::string logged_prompt = options.log_prompts ? p.prompt_text : std::string();
+      p.request.on_done = [channel, id, logged_prompt, log_prompts = options.log_prompts](const GenerationResult& r) {
+        const auto level = log_prompts ? core::LogLevel::info : core::LogLevel::debug;
+        core::log(level, id, ": ", r.finish_reason, ", ", r.prompt_tokens, " prompt + ", r.tokens.size(),
+                  " generated tokens, first token ", r.ttft_ms, " ms, total ", r.total_ms, " ms",
+                  log_prompts ? ", prompt " + dump(json(logged_prompt)) : std::string());
         std::lock_guard lock(channel->mutex);
         channel->result = r;
         channel->done = true;
@@ -214,7 +293,7 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
         else choice["text"] = r.text;
         const json out = {{"id", id}, {"object", object}, {"created", created}, {"model", model},
                           {"choices", json::array({choice})}, {"usage", usage(r)}};
-        return {200, "application/json", out.dump(), {}, {}};
+        return {200, "application/json", dump(out), {}, {}};
       }
 
       core::HttpResponse res{200, "text/event-stream", "", {}, {}};
@@ -260,8 +339,8 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
       return res;
     };
   };
-  server.route("POST", "/v1/completions", generation_route(false));
-  server.route("POST", "/v1/chat/completions", generation_route(true));
+  route("POST", "/v1/completions", generation_route(false));
+  route("POST", "/v1/chat/completions", generation_route(true));
 }
 
 }  // namespace gpulab::llm

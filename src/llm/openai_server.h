@@ -12,10 +12,23 @@
 namespace gpulab::llm {
 
 struct ServerOptions {
-  std::string model_name;         // what /v1/models lists and requests may name
+  std::string model_name;         // what /v1/models lists and requests may name (never a path)
   size_t max_waiting = 1024;      // requests queued beyond this get HTTP 429
   int64_t default_max_tokens = 16;
+  std::string api_key;            // non-empty: every route but /health needs `Authorization: Bearer KEY`
+  int64_t max_prompt_tokens = 0;  // > 0: longer prompts get HTTP 400 (the context length applies anyway)
+  bool log_prompts = false;       // request log lines carry the prompt text (off: counts only)
 };
+
+// One completion request as its JSON body describes it, validated (types, ranges, prompt length
+// limit). Throws core::InputError with the message the client gets (HTTP 400).
+struct ParsedGeneration {
+  GenerationRequest request;
+  bool stream = false;
+  std::string prompt_text;  // the prompt as text (chat: formatted), for --log-prompts
+};
+ParsedGeneration parse_generation_body(const nlohmann::json& body, bool chat, const Tokenizer& tokenizer,
+                                       const ServerOptions& options);
 
 // Prompt text for chat messages in the model family's format: Llama-3 when the tokenizer knows
 // `<|start_header_id|>`, otherwise Llama-2's `[INST]` format. Throws InputError on bad messages.

@@ -76,7 +76,8 @@ void Scheduler::submit(GenerationRequest request) {
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
   if (prompt == 0) throw core::InputError("the prompt is empty");
   if (request.max_new_tokens < 1) throw core::InputError("max_tokens must be at least 1");
-  const int64_t total = prompt + request.max_new_tokens;
+  // Capped so that the sum cannot overflow; any cap beyond every context gives the same verdicts.
+  const int64_t total = prompt + std::min<int64_t>(request.max_new_tokens, int64_t{1} << 62);
   if (cfg.max_position_embeddings > 0 && total > cfg.max_position_embeddings)
     throw core::InputError("prompt (" + std::to_string(prompt) + " tokens) plus max_tokens (" +
                            std::to_string(request.max_new_tokens) + ") exceeds the model's context of " +
@@ -190,9 +191,10 @@ bool Scheduler::step_once() {
         text.resize(stop_at);
         reason = "stop";
       }
-      const size_t safe = reason.empty()
-                              ? text.size() - std::max(stop_prefix_suffix(text, a.request.stop), incomplete_tail(text))
-                              : text.size();
+      // While the last tokens are an unfinished byte-fallback run, their text may still change.
+      const size_t safe = !reason.empty()                         ? text.size()
+                          : tokenizer_->ends_in_byte_run(text_ids) ? a.text_emitted
+                          : text.size() - std::max(stop_prefix_suffix(text, a.request.stop), incomplete_tail(text));
       if (safe > a.text_emitted) {
         const std::string piece = text.substr(a.text_emitted, safe - a.text_emitted);
         a.text_emitted = safe;

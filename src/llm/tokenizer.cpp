@@ -355,7 +355,9 @@ struct TokenizerImpl {
   std::vector<PreTokenizer> pre_tokenizers;
   std::vector<Decoder> decoders;
   bool has_decoder = false;
+  bool byte_fallback_decoder = false;  // a ByteFallback decoder is in the chain
   std::vector<PostProcessor> post_processors;
+  std::vector<int32_t> post_processor_ids;  // checked against the vocabulary once it is known
   int32_t vocab_size = 0;
 
   [[noreturn]] void fail(const std::string& what) const { throw core::InputError(file + ": " + what); }
@@ -387,6 +389,18 @@ void split_added(Pieces& pieces, const AddedTokenMatcher& matcher, const Regex& 
 
 // ---------------------------------------------------------------------------------------------
 // Building the pipeline from JSON.
+
+int32_t id_of(const TokenizerImpl& t, const json& id, const std::string& what) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
+    t.fail(what + " has a bad id " + id.dump());
+  return id.get<int32_t>();
+}
+
+// A non-negative integer (a float or a negative value is refused, not cast).
+size_t count_of(const TokenizerImpl& t, const json& j, const char* what) {
+  if (!j.is_number_unsigned()) t.fail(std::string(what) + " must be a non-negative integer, is " + j.dump());
+  return j.get<size_t>();
+}
 
 std::string type_of(const TokenizerImpl& t, const json& j, const char* what) {
   if (!j.is_object()) t.fail(std::string(what) + " is not an object");
@@ -563,6 +577,7 @@ void add_decoder(TokenizerImpl& t, const json& j) {
       for (std::string& s : tokens) replace_all(s, find(s), c);
     });
   } else if (type == "ByteFallback") {
+    t.byte_fallback_decoder = true;
     t.decoders.push_back([](std::vector<std::string>& tokens) {
       std::vector<std::string> out;
       std::string bytes;
@@ -593,7 +608,7 @@ void add_decoder(TokenizerImpl& t, const json& j) {
     });
   } else if (type == "Strip") {
     const uint32_t content = single_char(t, j.at("content"), "Strip content");
-    const size_t start = j.at("start").get<size_t>(), stop = j.at("stop").get<size_t>();
+    const size_t start = count_of(t, j.at("start"), "Strip start"), stop = count_of(t, j.at("stop"), "Strip stop");
     t.decoders.push_back([content, start, stop](std::vector<std::string>& tokens) {
       for (std::string& s : tokens) {
         std::vector<size_t> offsets;  // char starts, plus the end
@@ -644,10 +659,12 @@ void add_decoder(TokenizerImpl& t, const json& j) {
   }
 }
 
-std::vector<int32_t> special_ids(const TokenizerImpl& t, const json& j, const char* what) {
+std::vector<int32_t> special_ids(TokenizerImpl& t, const json& j, const char* what) {
   // Bert/Roberta: ["<s>", 0]
   if (!j.is_array() || j.size() != 2) t.fail(std::string(what) + " must be [token, id]");
-  return {j[1].get<int32_t>()};
+  const int32_t id = id_of(t, j[1], what);
+  t.post_processor_ids.push_back(id);
+  return {id};
 }
 
 void add_post_processor(TokenizerImpl& t, const json& j) {
@@ -667,7 +684,12 @@ void add_post_processor(TokenizerImpl& t, const json& j) {
       } else if (item.contains("SpecialToken")) {
         const std::string name = item["SpecialToken"].at("id").get<std::string>();
         if (!specials.contains(name)) t.fail("TemplateProcessing uses special token " + name + " it does not define");
-        parts.emplace_back(specials[name].at("ids").get<std::vector<int32_t>>());
+        const json& ids = specials[name].at("ids");
+        if (!ids.is_array()) t.fail("TemplateProcessing: the ids of " + name + " are not a list");
+        std::vector<int32_t> part;
+        for (const json& id : ids) part.push_back(id_of(t, id, "TemplateProcessing token " + name));
+        t.post_processor_ids.insert(t.post_processor_ids.end(), part.begin(), part.end());
+        parts.emplace_back(std::move(part));
       } else {
         t.fail("TemplateProcessing: an element of \"single\" is neither Sequence nor SpecialToken");
       }
@@ -693,11 +715,6 @@ void add_post_processor(TokenizerImpl& t, const json& j) {
   }
 }
 
-int32_t id_of(const TokenizerImpl& t, const json& id, const std::string& what) {
-  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
-    t.fail(what + " has a bad id " + id.dump());
-  return id.get<int32_t>();
-}
 
 void load_model(TokenizerImpl& t, const json& m) {
   if (!m.is_object()) t.fail("no \"model\" object");
@@ -855,6 +872,10 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   for (const auto& [id, _] : impl->model_tokens) max_id = std::max(max_id, id);
   for (const auto& tok : impl->added) max_id = std::max(max_id, tok.id);
   impl->vocab_size = max_id + 1;
+  for (int32_t id : impl->post_processor_ids)
+    if (id >= impl->vocab_size)
+      impl->fail("post_processor adds id " + std::to_string(id) + ", beyond the vocabulary (" +
+                 std::to_string(impl->vocab_size) + " ids)");
   return Tokenizer(std::move(impl));
 }
 
@@ -886,6 +907,14 @@ bool Tokenizer::is_special(int32_t id) const {
   return it != impl_->added_by_id.end() && it->second->special;
 }
 
+bool Tokenizer::ends_in_byte_run(std::span<const int32_t> ids) const {
+  // ByteFallback decodes a run of <0xNN> tokens as a whole: one invalid byte later in the run
+  // turns the run's earlier, valid characters into U+FFFD too (found by fuzz_tokenizer_encode).
+  if (!impl_->byte_fallback_decoder || ids.empty()) return false;
+  const auto last = impl_->model_tokens.find(ids.back());
+  return last != impl_->model_tokens.end() && detail::fallback_byte(last->second).has_value();
+}
+
 std::string Tokenizer::decode_stream(std::span<const int32_t> ids, StreamState& state, bool skip_special,
                                      bool flush) const {
   // As in `tokenizers`' DecodeStream: decode a window that starts a few tokens back, so that
@@ -895,6 +924,7 @@ std::string Tokenizer::decode_stream(std::span<const int32_t> ids, StreamState& 
   const std::string prefix = decode(ids.subspan(state.prefix_begin, state.read_begin - state.prefix_begin), skip_special);
   const std::string full = decode(ids.subspan(state.prefix_begin), skip_special);
   if (full.size() <= prefix.size() || (!flush && detail::ends_with_replacement_char(full))) return "";
+  if (!flush && ends_in_byte_run(ids)) return "";
   state.prefix_begin = state.read_begin;
   state.read_begin = n;
   return full.substr(prefix.size());

@@ -47,7 +47,8 @@ class Tokenizer {
   bool is_special(int32_t id) const;         // an added token marked special
 
   // Streaming detokenization: text for ids[0..n) minus text already emitted, holding back an
-  // incomplete UTF-8 sequence; used by `generate` to print tokens as they come. Call with all ids
+  // incomplete UTF-8 sequence and an unfinished run of byte-fallback tokens (a later byte can
+  // make the whole run invalid); used by `generate` and `serve` to send tokens as they come. Call with all ids
   // so far (same `state` each time); concatenating the returns gives decode(ids). Only a short
   // window of recent ids is decoded per call. `flush` also emits a held-back tail (at the end).
   struct StreamState {
@@ -56,6 +57,9 @@ class Tokenizer {
   };
   std::string decode_stream(std::span<const int32_t> ids, StreamState& state,
                             bool skip_special = false, bool flush = false) const;
+  // True when `ids` ends in a run of byte-fallback tokens (<0xNN>) that a ByteFallback decoder
+  // decodes as a whole: text from that run may still change, so streams hold it back.
+  bool ends_in_byte_run(std::span<const int32_t> ids) const;
 
  private:
   explicit Tokenizer(std::shared_ptr<const detail::TokenizerImpl> impl) : impl_(std::move(impl)) {}

@@ -120,7 +120,12 @@ class EventReader {
       note("with a negative \"dur\", skipped");
       return std::nullopt;
     }
-    return std::pair{*ts + base, *ts + base + *dur};
+    int64_t start = 0, end = 0;  // the document's base may push either past int64_t
+    if (__builtin_add_overflow(*ts, base, &start) || __builtin_add_overflow(start, *dur, &end)) {
+      note("with \"ts\" plus the base time out of range, skipped");
+      return std::nullopt;
+    }
+    return std::pair{start, end};
   }
   // An integer that Kineto writes either as a number or as a string ("stream": 7, "tid": "7");
   // other strings (named rows such as "Spans") map to a stable hash.
@@ -220,15 +225,24 @@ std::string canonical_category(const json& e) {
 }
 
 // A field of a top-level object as T, or `fallback` (noted) when it has another JSON type.
+// obj[key] as T, `fallback` when absent; a value of another type, or a number beyond T's range
+// (never cast: that would be undefined behaviour), is noted and ignored.
 template <class T>
 T field(const json& obj, const char* key, T fallback, const std::string& where, Notes& notes) {
   const auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    notes.add_line(where + " \"" + key + "\" has an unexpected type, ignored");
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    const auto n = as_integer(*it);
+    if (n && *n >= std::numeric_limits<T>::min() && *n <= std::numeric_limits<T>::max()) return T(*n);
+    notes.add_line(where + " \"" + key + "\" is not an integer in range, ignored");
     return fallback;
+  } else {
+    try {
+      return it->get<T>();
+    } catch (const json::exception&) {
+      notes.add_line(where + " \"" + key + "\" has an unexpected type, ignored");
+      return fallback;
+    }
   }
 }
 
@@ -287,7 +301,7 @@ Trace parse_events(const json& doc, const std::string& source) {
         info.pcie_width = field<int>(d, "pcieWidth", 0, where, notes);
         info.compute_major = field<int>(d, "computeMajor", 0, where, notes);
         info.compute_minor = field<int>(d, "computeMinor", 0, where, notes);
-        t.devices[d["id"].get<int>()] = info;
+        t.devices[field<int>(d, "id", 0, where, notes)] = info;
       }
     if (auto it = doc.find("gpulab"); it != doc.end() && it->is_object()) {
       t.dropped_records = field<int64_t>(*it, "dropped_records", 0, "gpulab", notes);
@@ -314,9 +328,14 @@ Trace parse_events(const json& doc, const std::string& source) {
         r.note("without a numeric \"value\", skipped");
         continue;
       }
+      int64_t at = 0;
+      if (__builtin_add_overflow(*ts, base, &at)) {
+        r.note("with \"ts\" plus the base time out of range, skipped");
+        continue;
+      }
       const int device = int(r.top_int("pid", 0));
-      NvmlSample& s = samples[{*ts + base, device}];
-      s.time_ns = *ts + base;
+      NvmlSample& s = samples[{at, device}];
+      s.time_ns = at;
       s.device = device;
       const std::string name = r.name();
       for (const auto& [counter, member] : kNvmlFields)

@@ -31,8 +31,10 @@ inline int http_connect(int port) {
   return fd;
 }
 
-inline void http_send(int fd, const std::string& method, const std::string& path, const std::string& body) {
-  std::string req = method + " " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n";
+// `headers`: extra header lines, each ending in \r\n.
+inline void http_send(int fd, const std::string& method, const std::string& path, const std::string& body,
+                      const std::string& headers = "") {
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" + headers;
   if (!body.empty() || method == "POST") req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
   req += "\r\n" + body;
   if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
@@ -53,10 +55,11 @@ inline HttpReply http_read(int fd) {
   return r;
 }
 
-inline HttpReply http_request(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+inline HttpReply http_request(int port, const std::string& method, const std::string& path, const std::string& body = "",
+                              const std::string& headers = "") {
   const int fd = http_connect(port);
   if (fd < 0) throw std::runtime_error("cannot connect");
-  http_send(fd, method, path, body);
+  http_send(fd, method, path, body, headers);
   HttpReply r = http_read(fd);
   ::close(fd);
   return r;

@@ -32,7 +32,9 @@ class ServerTest : public ::testing::TestWithParam<EngineFactory> {
     if (!engine_) GTEST_SKIP() << "engine not available here";
     scheduler_ = std::make_unique<Scheduler>(*engine_, *tokenizer_);
     scheduler_->start();
-    add_openai_routes(server_, *scheduler_, *tokenizer_, {"tiny", 1024, 16});
+    ServerOptions options;
+    options.model_name = "tiny";
+    add_openai_routes(server_, *scheduler_, *tokenizer_, options);
     server_.start("127.0.0.1", 0);
   }
   void TearDown() override {

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Load test for a running `gpulab serve` (Python standard library only).
+
+N clients (default 256) loop for D seconds over /v1/completions and /v1/chat/completions with
+mixed prompt lengths, streaming and not; a share of streaming clients hang up mid-stream. Reports
+p50/p99 time to first token (TTFT), inter-token latency (ITL), throughput and failures, then
+checks on /metrics that the KV cache is empty again and that the server's RSS stayed flat.
+
+With --sigterm-pid PID it finally starts a few long streams, sends SIGTERM to PID once they are
+under way, and checks that each still ends with [DONE] (in-flight requests finish on shutdown).
+
+Exit status 0 when every check holds. --json FILE writes the figures.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
+         "jolly zebras near the old mill by the river and every story begins once upon a time").split()
+
+
+def percentile(values, q):
+    if not values:
+        return None
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, int(round(q / 100.0 * (len(values) - 1)))))
+    return values[k]
+
+
+class Stats:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ttft = []
+        self.itl = []
+        self.latency = []
+        self.ok = 0
+        self.disconnected = 0
+        self.busy = 0  # HTTP 429: refused by the queue limit (allowed, counted apart)
+        self.failures = []
+        self.tokens = 0
+
+    def fail(self, what):
+        with self.lock:
+            self.failures.append(what)
+
+
+def headers(args):
+    h = {"Content-Type": "application/json"}
+    if args.api_key:
+        h["Authorization"] = "Bearer " + args.api_key
+    return h
+
+
+def metrics(args):
+    conn = http.client.HTTPConnection(args.host, args.port, timeout=30)
+    conn.request("GET", "/metrics", headers=headers(args))
+    r = conn.getresponse()
+    text = r.read().decode()
+    conn.close()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split()
+            out[name] = float(value)
+    return out
+
+
+def make_body(rng, chat, stream):
+    n = rng.choice((4, 16, 48, 120))  # mixed prompt lengths, in words (the tiny fixture's context is 512 tokens)
+    text = " ".join(rng.choice(WORDS) for _ in range(n))
+    body = {"max_tokens": rng.choice((8, 16, 32, 64)), "temperature": rng.choice((0, 0.8)), "stream": stream}
+    if chat:
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    return body
+
+
+def one_request(args, rng, stats):
+    chat = rng.random() < 0.5
+    stream = rng.random() < 0.6
+    hang_up_after = rng.randint(1, 4) if stream and rng.random() < args.disconnect_share else None
+    body = make_body(rng, chat, stream)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    start = time.monotonic()
+    conn = http.client.HTTPConnection(args.host, args.port, timeout=args.request_timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers=headers(args))
+        r = conn.getresponse()
+        if r.status == 429:
+            r.read()
+            with stats.lock:
+                stats.busy += 1
+            time.sleep(0.05)
+            return
+        if r.status != 200:
+            stats.fail(f"HTTP {r.status}: {r.read()[:200]!r}")
+            return
+        if not stream:
+            reply = json.loads(r.read())
+            done = time.monotonic()
+            with stats.lock:
+                stats.ok += 1
+                stats.latency.append(done - start)
+                stats.tokens += reply["usage"]["completion_tokens"]
+            return
+        first = last = None
+        pieces = 0
+        finished = False
+        gaps = []
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:]
+            if data == b"[DONE]":
+                finished = True
+                break
+            chunk = json.loads(data)
+            choice = chunk["choices"][0]
+            text = choice.get("text") if not chat else choice.get("delta", {}).get("content")
+            if text:
+                now = time.monotonic()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+                pieces += 1
+                if hang_up_after is not None and pieces >= hang_up_after:
+                    r.close()  # the client leaves mid-stream (the connection closes below)
+                    with stats.lock:
+                        stats.disconnected += 1
+                    return
+        if not finished:
+            stats.fail("stream ended without [DONE]")
+            return
+        with stats.lock:
+            stats.ok += 1
+            stats.latency.append(time.monotonic() - start)
+            stats.tokens += pieces
+            if first is not None:
+                stats.ttft.append(first - start)
+            stats.itl.extend(gaps)
+    except Exception as e:  # noqa: BLE001 - every error is a failed request
+        stats.fail(f"{type(e).__name__}: {e}")
+    finally:
+        conn.close()
+
+
+def client(args, seed, deadline, stats):
+    rng = random.Random(seed)
+    while time.monotonic() < deadline:
+        one_request(args, rng, stats)
+
+
+def wait_idle(args, timeout=120):
+    end = time.monotonic() + timeout
+    m = metrics(args)
+    while time.monotonic() < end:
+        m = metrics(args)
+        if m.get("gpulab_requests_running", 0) == 0 and m.get("gpulab_requests_waiting", 0) == 0:
+            break
+        time.sleep(0.2)
+    return m
+
+
+def sigterm_check(args):
+    """Long streams in flight when SIGTERM arrives must still end with [DONE]."""
+    results = [None] * args.sigterm_streams
+    started = threading.Barrier(args.sigterm_streams + 1)
+
+    def stream(i):
+        conn = http.client.HTTPConnection(args.host, args.port, timeout=args.request_timeout)
+        got_first = False
+        try:
+            body = {"prompt": "Once upon a time", "max_tokens": args.sigterm_tokens, "temperature": 0,
+                    "ignore_eos": True, "stream": True}
+            conn.request("POST", "/v1/completions", body=json.dumps(body), headers=headers(args))
+            r = conn.getresponse()
+            while True:
+                line = r.readline()
+                if not line:
+                    results[i] = "closed without [DONE]"
+                    break
+                if line.startswith(b"data: ") and not got_first:
+                    got_first = True
+                    started.wait()
+                if line.strip() == b"data: [DONE]":
+                    results[i] = "done"
+                    break
+        except Exception as e:  # noqa: BLE001
+            results[i] = f"{type(e).__name__}: {e}"
+        finally:
+            if not got_first:
+                started.abort()
+            conn.close()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(args.sigterm_streams)]
+    for t in threads:
+        t.start()
+    try:
+        started.wait(timeout=60)
+    except threading.BrokenBarrierError:
+        pass
+    os.kill(args.sigterm_pid, signal.SIGTERM)
+    for t in threads:
+        t.join()
+    return results
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--clients", type=int, default=256)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
+    p.add_argument("--disconnect-share", type=float, default=0.1, help="share of streams the client leaves early")
+    p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--rss-growth-mb", type=float, default=64.0, help="allowed RSS growth, warm-up to end")
+    p.add_argument("--api-key", default=os.environ.get("GPULAB_API_KEY", ""))
+    p.add_argument("--sigterm-pid", type=int, default=0, help="after the load, SIGTERM this server mid-stream")
+    p.add_argument("--sigterm-streams", type=int, default=4)
+    p.add_argument("--sigterm-tokens", type=int, default=48)
+    p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+
+    stats = Stats()
+    # Warm-up: a few requests so that the first RSS sample sees allocated buffers.
+    warm = Stats()
+    for i in range(8):
+        one_request(args, random.Random(1000 + i), warm)
+    rss_start = metrics(args).get("process_resident_memory_bytes", 0)
+
+    start = time.monotonic()
+    deadline = start + args.duration
+    threads = [threading.Thread(target=client, args=(args, args.seed * 100003 + i, deadline, stats), daemon=True)
+               for i in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+
+    m = wait_idle(args)
+    kv_used = m.get("gpulab_kv_used_tokens", -1)
+    rss_end = m.get("process_resident_memory_bytes", 0)
+    ms = lambda v: None if v is None else round(v * 1000, 2)  # noqa: E731
+    report = {
+        "clients": args.clients, "duration_s": round(elapsed, 1),
+        "requests_ok": stats.ok, "requests_disconnected": stats.disconnected, "requests_429": stats.busy,
+        "failures": len(stats.failures), "failure_examples": stats.failures[:5],
+        "requests_per_s": round((stats.ok + stats.disconnected) / elapsed, 2),
+        "tokens_per_s": round(stats.tokens / elapsed, 1),
+        "ttft_p50_ms": ms(percentile(stats.ttft, 50)), "ttft_p99_ms": ms(percentile(stats.ttft, 99)),
+        "itl_p50_ms": ms(percentile(stats.itl, 50)), "itl_p99_ms": ms(percentile(stats.itl, 99)),
+        "latency_p50_ms": ms(percentile(stats.latency, 50)), "latency_p99_ms": ms(percentile(stats.latency, 99)),
+        "kv_used_tokens_after": kv_used,
+        "requests_cancelled_server": m.get("gpulab_requests_cancelled_total"),
+        "rss_start_mb": round(rss_start / 2**20, 1), "rss_end_mb": round(rss_end / 2**20, 1),
+    }
+    checks = {
+        "no failed requests": not stats.failures,
+        "some requests completed": stats.ok > 0,
+        "KV cache empty after the load": kv_used == 0,
+        "RSS flat": rss_start > 0 and (rss_end - rss_start) / 2**20 <= args.rss_growth_mb,
+    }
+    if args.sigterm_pid:
+        results = sigterm_check(args)
+        report["sigterm_streams"] = results
+        checks["in-flight streams finish after SIGTERM"] = all(r == "done" for r in results)
+    report["checks"] = checks
+
+    for k, v in report.items():
+        if k != "checks":
+            print(f"{k:28s} {v}")
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
