@@ -234,7 +234,8 @@ T field(const json& obj, const char* key, T fallback, const std::string& where, 
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     const auto n = as_integer(*it);
     if (n && *n >= std::numeric_limits<T>::min() && *n <= std::numeric_limits<T>::max()) return T(*n);
-    notes.add_line(where + " \"" + key + "\" is not an integer in range, ignored");
+    notes.add_line(where + " \"" + key + "\" " +
+                   (it->is_number() ? "is not an integer in range" : "has an unexpected type") + ", ignored");
     return fallback;
   } else {
     try {
@@ -420,7 +421,7 @@ Trace read_chrome_trace(const std::filesystem::path& path) {
   json doc;
   try {
     doc = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number beyond double (1e99999)
     throw core::InputError(path.string() + ": not valid JSON (" + e.what() + ")");
   }
   return parse_chrome_trace(doc, path.string());
