@@ -272,7 +272,9 @@ struct CudaEngine::Impl {
       } else if (src.is_fp8(name)) {
         const auto bytes = src.fp8_bytes(name);
         std::vector<uint8_t> mine(runs.numel());
-        runs.for_each([&](int64_t from, int64_t to, int64_t n) { std::memcpy(mine.data() + to, bytes.data() + from, n); });
+        runs.for_each([&](int64_t from, int64_t to, int64_t n) {
+          if (n > 0) std::memcpy(mine.data() + to, bytes.data() + from, n);
+        });
         const std::vector<float> all = src.fp8_row_scales(name);  // a row slice takes its rows' scales
         const int64_t first_row = slice.dim == 0 ? slice.begin : 0;
         GPULAB_CHECK(cudaMemcpy(dst, mine.data(), mine.size(), cudaMemcpyHostToDevice));

@@ -174,7 +174,9 @@ std::vector<uint16_t> WeightSource::load_bf16(const std::string& name, const Ten
     const SliceRuns r = slice_runs(name, slice);
     const uint8_t* bytes = checkpoint_->data(checkpoint_->at(name)).data();
     std::vector<uint16_t> out(r.numel());
-    r.for_each([&](int64_t src, int64_t dst, int64_t n) { std::memcpy(out.data() + dst, bytes + 2 * src, 2 * n); });
+    r.for_each([&](int64_t src, int64_t dst, int64_t n) {
+      if (n > 0) std::memcpy(out.data() + dst, bytes + 2 * src, 2 * n);  // an empty slice has no buffer at all
+    });
     return out;
   }
   const std::vector<float> f = load_f32(name, slice);
