@@ -14,6 +14,7 @@
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 #include "kernels/attention_prefill_mma.h"
+#include "kernels/mma_ptx.h"
 
 namespace gpulab::kernels {
 
@@ -32,47 +33,6 @@ constexpr int padded() {
 template <int D>
 constexpr size_t mma_smem_bytes() {
   return sizeof(uint16_t) * 5 * kRows * padded<D>();  // Q, then K and V twice
-}
-
-__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared, or 16 zero bytes when !valid (src is then not read).
-__device__ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Volatile: shared memory changes between calls with the same address (double buffering).
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a·b for one m16n8k16 tile: a is 16x16 (row), b 16x8 (col), c 16x8 in fp32.
-template <class T>
-__device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    static_assert(std::is_same_v<T, __half>, "tensor-core prefill is for bf16 and fp16");
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 }
 
 // Two floats rounded to T, packed low-first as an mma operand register or a 4-byte store.
@@ -122,7 +82,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int w = 0; w < kWaves; ++w) {
     const int r = row0 + w * kStep;
     const bool ok = q0 + r < len;
-    cp_async16(smem_addr(qs + r * kLd + chunk * 8), ok ? q + (start + q0 + r) * q_stride + h * D + chunk * 8 : q, ok);
+    const T* src = ok ? q + (start + q0 + r) * q_stride + h * D + chunk * 8 : q;
+    cp_async16_or_zero(smem_addr(qs + r * kLd + chunk * 8), src, ok);
   }
   // Cache slots of this thread's rows of the tile being loaded (K first, then V reuses them);
   // positions past kv_len load zeros, so that masked keys meet finite values.
@@ -139,7 +100,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int w = 0; w < kWaves; ++w) {
       const bool ok = slots[w] >= 0;
       const T* src = ok ? cache + (static_cast<int64_t>(slots[w]) * kv_heads + kvh) * D + chunk * 8 : cache;
-      cp_async16(smem_addr(dst + (row0 + w * kStep) * kLd + chunk * 8), src, ok);
+      cp_async16_or_zero(smem_addr(dst + (row0 + w * kStep) * kLd + chunk * 8), src, ok);
     }
   };
   find_slots(0);
@@ -179,8 +140,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int n = 0; n < kKeys / 16; ++n) {
         uint32_t b[4];
         ldmatrix_x4(b, smem_addr(kt + (n * 16 + (lane % 8) + (lane / 16) * 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8));
-        mma<T>(s[2 * n], qf[kk], b[0], b[1]);
-        mma<T>(s[2 * n + 1], qf[kk], b[2], b[3]);
+        mma_16816<T>(s[2 * n], qf[kk], b[0], b[1]);
+        mma_16816<T>(s[2 * n + 1], qf[kk], b[2], b[3]);
       }
     if (k0 + kKeys > past + q0) {  // the tile reaches past the block's first query: mask
 #pragma unroll
@@ -225,14 +186,15 @@ __global__ void __launch_bounds__(kThreads)
     const T* vt = vs + buf * kTile;
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const float(&lo)[4] = s[2 * kk], (&hi)[4] = s[2 * kk + 1];  // keys 16kk + 0-7 and 8-15
+      const uint32_t a[4] = {pack2<T>(lo[0], lo[1]), pack2<T>(lo[2], lo[3]), pack2<T>(hi[0], hi[1]),
+                             pack2<T>(hi[2], hi[3])};
 #pragma unroll
       for (int n = 0; n < D / 16; ++n) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, smem_addr(vt + (kk * 16 + mrow) * kLd + n * 16 + mcol));
-        mma<T>(o[2 * n], a, b[0], b[1]);
-        mma<T>(o[2 * n + 1], a, b[2], b[3]);
+        mma_16816<T>(o[2 * n], a, b[0], b[1]);
+        mma_16816<T>(o[2 * n + 1], a, b[2], b[3]);
       }
     }
   }

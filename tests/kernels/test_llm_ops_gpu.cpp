@@ -251,8 +251,8 @@ void check_prefill(PrefillFn prefill, const AttentionCase& c, DType dt, int64_t 
 
 // The tensor-core path rounds each softmax weight p to dt before P·V (relative error <= u) while
 // the normaliser sums them in fp32, so an output is off by at most u·max|v| (2 here) before its
-// own rounding, which rtol covers.
-float tensor_core_atol(DType dt) { return unit_roundoff(dt) * 2 + 1e-5f; }
+// own rounding, which rtol covers; fp16 subnormal weights add at most ~1e-4 over 1300 keys.
+float tensor_core_atol(DType dt) { return unit_roundoff(dt) * 2 + 1e-4f; }
 
 // Head dims 64 and 128 with GQA groups 1, 4 and 8.
 constexpr AttentionCase kTensorCoreCases[] = {{64, 4, 4}, {64, 8, 2}, {128, 8, 1}, {128, 32, 8}};
