@@ -66,10 +66,12 @@ __global__ void __launch_bounds__(kThreads)
   T* ks = qs + kTile;                      // [2][kKeys][kLd]
   T* vs = ks + 2 * kTile;                  // [2][kKeys][kLd]
 
-  const int seq = blockIdx.z, h = blockIdx.y, kvh = h / group;
+  // Heads vary fastest and row tiles run backwards, so the blocks with the most keys start first
+  // and the short ones fill the tail.
+  const int seq = blockIdx.z, h = blockIdx.x, kvh = h / group;
   const int64_t start = cu_q[seq];
   const int len = cu_q[seq + 1] - cu_q[seq], kv_len = kv_lens[seq], past = kv_len - len;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // the longest row tiles start first
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;
   if (q0 >= len) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t* table = block_table + seq * max_blocks;
@@ -232,7 +234,7 @@ bool attention_prefill_uses_tensor_cores(Rows out, ConstRows q, const PagedKv& k
 void attention_prefill_mma(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,
                            int64_t num_seqs, int64_t max_q_len, const AttentionShape& shape, core::DType dtype,
                            cudaStream_t stream) {
-  const dim3 grid((max_q_len + kRows - 1) / kRows, shape.q_heads, num_seqs);
+  const dim3 grid(shape.q_heads, (max_q_len + kRows - 1) / kRows, num_seqs);
   const int group = static_cast<int>(shape.q_heads / shape.kv_heads);
   const float scale_log2 = shape.scale * 1.4426950408889634f;  // exp(x) = 2^(x·log2(e))
   core::dispatch_activation(dtype, [&]<class T>() {
