@@ -208,7 +208,8 @@ const std::vector<int32_t> kChunkKvLens = {1, 17, 364, 50, 131, 47, 1100, 1300, 
 // output rows stays poisoned, and whether attention_prefill would take tensor cores here.
 void check_prefill(PrefillFn prefill, const AttentionCase& c, DType dt, int64_t block_size, bool tensor_cores,
                    float atol, std::mt19937& rng, const std::string& what) {
-  const std::vector<int32_t>&q_lens = kChunkQLens, &kv_lens = kChunkKvLens;
+  const std::vector<int32_t>& q_lens = kChunkQLens;
+  const std::vector<int32_t>& kv_lens = kChunkKvLens;
   std::vector<int32_t> cu = {0};
   for (int32_t l : q_lens) cu.push_back(cu.back() + l);
   const int64_t tokens = cu.back(), num_seqs = q_lens.size();
