@@ -162,14 +162,14 @@ __global__ void __launch_bounds__(kThreads)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float base = mx == -INFINITY ? 0.f : mx * scale_log2;  // a row with no key yet
-      const float alpha = exp2f(m[i] * scale_log2 - base);
+      const float alpha = exp2_approx(m[i] * scale_log2 - base);
       m[i] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
         for (int e = 2 * i; e < 2 * i + 2; ++e) {
-          s[n][e] = exp2f(fmaf(s[n][e], scale_log2, -base));
+          s[n][e] = exp2_approx(fmaf(s[n][e], scale_log2, -base));
           sum += s[n][e];
         }
       l[i] = l[i] * alpha + sum;  // this lane's part of the row sum; the quad adds up at the end

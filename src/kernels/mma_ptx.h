@@ -1,6 +1,6 @@
-// The sm_80+ warp-level PTX that the tensor-core kernels share (gemm_mma.cu,
-// attention_prefill_mma.cu): cp.async copies into shared memory, ldmatrix and m16n8k16 mma with
-// fp32 accumulators. Device code only; include from .cu files.
+// The sm_80+ PTX that the tensor-core kernels share (gemm_mma.cu, attention_prefill_mma.cu):
+// cp.async copies into shared memory, ldmatrix and m16n8k16 mma with fp32 accumulators, and a
+// one-instruction exp2. Device code only; include from .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -51,6 +51,14 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x in one MUFU instruction (about 2 ulp; results below 2^-126 flush to 0, 2^-inf is 0):
+// exp2f's handling of denormal results costs several instructions per softmax weight.
+__device__ inline float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 }  // namespace gpulab::kernels
