@@ -35,6 +35,11 @@ constexpr size_t mma_smem_bytes() {
   return sizeof(uint16_t) * 5 * kRows * padded<D>();  // Q, then K and V twice
 }
 
+// Blocks that fit an SM by shared memory (5 tiles: 46 KiB at 64, 87 KiB at 128); registers are
+// capped to match (128 and 255 a thread).
+template <int D>
+constexpr int kBlocksPerSm = D == 64 ? 4 : 2;
+
 // Two floats rounded to T, packed low-first as an mma operand register or a 4-byte store.
 template <class T>
 __device__ inline uint32_t pack2(float lo, float hi) {
@@ -52,7 +57,7 @@ __device__ inline uint32_t pack2(float lo, float hi) {
 // Fragment ownership (PTX ISA, mma.m16n8k16): accumulator c[0..1] of lane L is row L/4,
 // columns 2(L%4) and +1; c[2..3] the same columns of row L/4 + 8.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>)
     prefill_mma_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
                        const int32_t* block_table, int64_t max_blocks, int block_size, const int32_t* cu_q,
                        const int32_t* kv_lens, int kv_heads, int group, float scale_log2) {
@@ -124,6 +129,9 @@ __global__ void __launch_bounds__(kThreads)
   const int qpos = past + q0 + warp * 16 + lane / 4;      // position of row lane/4 (the other is + 8)
   for (int j = 0; j < tiles; ++j) {
     const int buf = j % 2, k0 = j * kKeys;
+    // The last key any row of this warp sees: lane 31's second row, row 15. (Taken afresh each
+    // tile, which keeps the kernel within 128 registers at head_dim 64.)
+    const int last_key = __shfl_sync(0xffffffffu, qpos, 31) + 8;
     cp_async_wait<1>();
     __syncthreads();  // K of tile j has landed; every warp is done with tile j - 1
     if (j + 1 < tiles) {
@@ -140,12 +148,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
       for (int n = 0; n < kKeys / 16; ++n) {
+        if (k0 + n * 16 > last_key) continue;  // wholly masked for this warp
         uint32_t b[4];
         ldmatrix_x4(b, smem_addr(kt + (n * 16 + (lane % 8) + (lane / 16) * 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8));
         mma_16816<T>(s[2 * n], qf[kk], b[0], b[1]);
         mma_16816<T>(s[2 * n + 1], qf[kk], b[2], b[3]);
       }
-    if (k0 + kKeys > past + q0) {  // the tile reaches past the block's first query: mask
+    // Keys past a row's position are masked; so are those the skips above left at 0.
+    if (k0 + kKeys > past + q0) {  // the tile reaches past the block's first query
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
@@ -188,6 +198,7 @@ __global__ void __launch_bounds__(kThreads)
     const T* vt = vs + buf * kTile;
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
+      if (k0 + kk * 16 > last_key) continue;  // p = 0 for all 16 keys
       const float(&lo)[4] = s[2 * kk], (&hi)[4] = s[2 * kk + 1];  // keys 16kk + 0-7 and 8-15
       const uint32_t a[4] = {pack2<T>(lo[0], lo[1]), pack2<T>(lo[2], lo[3]), pack2<T>(hi[0], hi[1]),
                              pack2<T>(hi[2], hi[3])};
