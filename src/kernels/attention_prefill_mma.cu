@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "core/dtype_dispatch.h"
@@ -245,7 +246,11 @@ bool attention_prefill_uses_tensor_cores(Rows out, ConstRows q, const PagedKv& k
 void attention_prefill_mma(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,
                            int64_t num_seqs, int64_t max_q_len, const AttentionShape& shape, core::DType dtype,
                            cudaStream_t stream) {
-  const dim3 grid(shape.q_heads, (max_q_len + kRows - 1) / kRows, num_seqs);
+  const int64_t row_tiles = (max_q_len + kRows - 1) / kRows;
+  if (row_tiles > 65535 || num_seqs > 65535)
+    throw core::Error("attention: prefill of " + std::to_string(max_q_len) + " query rows by " +
+                      std::to_string(num_seqs) + " sequences exceeds the grid (65535 x 64 rows, 65535 sequences)");
+  const dim3 grid(shape.q_heads, row_tiles, num_seqs);
   const int group = static_cast<int>(shape.q_heads / shape.kv_heads);
   const float scale_log2 = shape.scale * 1.4426950408889634f;  // exp(x) = 2^(x·log2(e))
   core::dispatch_activation(dtype, [&]<class T>() {
