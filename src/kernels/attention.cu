@@ -5,6 +5,7 @@
 
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
+#include "kernels/attention_prefill_mma.h"
 
 namespace gpulab::kernels {
 
@@ -345,6 +346,16 @@ __global__ void kv_write_kernel(T* k_cache, T* v_cache, const T* k, int64_t k_st
 void attention_prefill(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,
                        int64_t num_seqs, int64_t max_q_len, const AttentionShape& shape, core::DType dtype,
                        cudaStream_t stream) {
+  check_shape(shape);
+  if (num_seqs == 0 || max_q_len == 0) return;
+  if (attention_prefill_uses_tensor_cores(out, q, kv, shape, dtype))
+    return attention_prefill_mma(out, q, kv, cu_q, kv_lens, num_seqs, max_q_len, shape, dtype, stream);
+  attention_prefill_scalar(out, q, kv, cu_q, kv_lens, num_seqs, max_q_len, shape, dtype, stream);
+}
+
+void attention_prefill_scalar(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,
+                              int64_t num_seqs, int64_t max_q_len, const AttentionShape& shape, core::DType dtype,
+                              cudaStream_t stream) {
   check_shape(shape);
   if (num_seqs == 0 || max_q_len == 0) return;
   const dim3 grid((max_q_len + kBr - 1) / kBr, shape.q_heads, num_seqs);

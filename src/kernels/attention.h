@@ -1,7 +1,8 @@
 // Attention for LLaMA-family inference over a paged KV cache, GQA-aware (query head h reads kv
 // head h / group):
 //   attention_prefill  a chunk of queries per sequence, causal over everything cached before it
-//                      and within it (tiled, online softmax)
+//                      and within it (flash attention on tensor cores for bf16/fp16 at head_dim
+//                      64 and 128, scalar fp32 tiles otherwise; online softmax)
 //   attention_decode   one new query per sequence (split-K over pages)
 //   kv_cache_write     scatter new keys/values into their cache slots
 // The paged cache of one layer holds K and V as [num_blocks, block_size, kv_heads, head_dim];
@@ -50,6 +51,16 @@ struct PagedKv {
 void attention_prefill(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,
                        int64_t num_seqs, int64_t max_q_len, const AttentionShape& shape, core::DType dtype,
                        cudaStream_t stream);
+
+// attention_prefill runs on tensor cores (flash attention on mma.sync, fp32 accumulate, P
+// rounded to the activation type before P·V) for bf16/fp16 with head_dim 64 or 128 when q and
+// the cache are 16-byte aligned (pointers and row strides) and out 4-byte aligned; otherwise on
+// scalar fp32 tiles. The scalar path alone is exposed so that tests and timings can compare.
+bool attention_prefill_uses_tensor_cores(Rows out, ConstRows q, const PagedKv& kv, const AttentionShape& shape,
+                                         core::DType dtype);
+void attention_prefill_scalar(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,
+                              int64_t num_seqs, int64_t max_q_len, const AttentionShape& shape, core::DType dtype,
+                              cudaStream_t stream);
 
 // Row s of q attends to positions 0 .. seq_lens[s]-1 of sequence s (its own key already
 // written). max_seq_len bounds every seq_lens[s]; the workspace (device, bytes from

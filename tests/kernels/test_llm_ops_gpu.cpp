@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iostream>
 #include <numeric>
 
 #include "common/gpu.h"
@@ -194,48 +195,128 @@ std::string case_label(const char* what, const AttentionCase& c, DType dt) {
          std::to_string(c.kv_heads) + " " + dtype_label(dt);
 }
 
-TEST(KernelsLlmGpu, PrefillAttentionChunksOverShuffledPages) {
-  GPULAB_REQUIRE_GPU();
-  std::mt19937 rng(16);
-  // (query rows, cached length including them): whole prompts, chunks after a cached past, a
-  // single query with a past, a chunk one position short of a page boundary.
-  const std::vector<int32_t> q_lens = {1, 77, 200, 64, 1, 130, 15};
-  const std::vector<int32_t> kv_lens = {1, 77, 200, 300, 50, 131, 47};
+using PrefillFn = decltype(&attention_prefill);
+
+// Prefill chunks as (query rows, cached length including them): whole prompts of 1, 17, 1100 and
+// 64 positions, chunks after a cached past (64 after 300, 200 after 1100, 130 after 1), single
+// queries with a past, a chunk one position short of a page boundary.
+const std::vector<int32_t> kChunkQLens = {1, 17, 64, 1, 130, 15, 1100, 200, 64};
+const std::vector<int32_t> kChunkKvLens = {1, 17, 364, 50, 131, 47, 1100, 1300, 64};
+
+// Runs `prefill` over random queries (inside fused QKV rows) and a randomly paged cache, and
+// checks every output element against attention_ref rounded through dt, that the padding of the
+// output rows stays poisoned, and whether attention_prefill would take tensor cores here.
+void check_prefill(PrefillFn prefill, const AttentionCase& c, DType dt, int64_t block_size, bool tensor_cores,
+                   float atol, std::mt19937& rng, const std::string& what) {
+  const std::vector<int32_t>& q_lens = kChunkQLens;
+  const std::vector<int32_t>& kv_lens = kChunkKvLens;
   std::vector<int32_t> cu = {0};
   for (int32_t l : q_lens) cu.push_back(cu.back() + l);
   const int64_t tokens = cu.back(), num_seqs = q_lens.size();
-  const PagedCache pages(kv_lens, 16, rng);
+  const int64_t max_q_len = *std::max_element(q_lens.begin(), q_lens.end());
+  const PagedCache pages(kv_lens, block_size, rng);
   auto d_cu = upload_ints(cu), d_kv_lens = upload_ints(kv_lens);
-  for (const AttentionCase& c : kAttentionCases)
-    for (DType dt : {DType::bf16, DType::f32}) {
-      const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-      const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim, q_stride = qd + 2 * kvd;
-      DeviceTensor q(uniform(tokens * q_stride, rng, -2, 2), dt);  // queries inside fused QKV rows
-      DeviceTensor k_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
-      DeviceTensor v_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
-      const int64_t out_stride = qd + 8;  // a padded output: rows need not be packed
-      auto out = DeviceTensor::poisoned(tokens * out_stride, dt);
-      const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, 16};
-      attention_prefill({out.get(), out_stride}, {q.get(), q_stride}, kv, d_cu.get(), d_kv_lens.get(), num_seqs, 200,
-                        shape, dt, nullptr);
-      std::vector<float> want(tokens * out_stride, 0.f);
-      for (int64_t s = 0; s < num_seqs; ++s) {
-        const auto k = pages.gather(k_cache.host, s, kv_lens[s], kvd), v = pages.gather(v_cache.host, s, kv_lens[s], kvd);
-        attention_ref(want.data() + cu[s] * out_stride, out_stride, q.host.data() + cu[s] * q_stride, q_stride, k.data(),
-                      v.data(), kvd, q_lens[s], kv_lens[s] - q_lens[s], shape, 4);
+  const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+  const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim, q_stride = qd + 2 * kvd;
+  DeviceTensor q(uniform(tokens * q_stride, rng, -2, 2), dt);
+  DeviceTensor k_cache(uniform(pages.total_blocks * block_size * kvd, rng, -2, 2), dt);
+  DeviceTensor v_cache(uniform(pages.total_blocks * block_size * kvd, rng, -2, 2), dt);
+  const int64_t out_stride = qd + 8;  // a padded output: rows need not be packed
+  auto out = DeviceTensor::poisoned(tokens * out_stride, dt);
+  const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, block_size};
+  EXPECT_EQ(attention_prefill_uses_tensor_cores({out.get(), out_stride}, {q.get(), q_stride}, kv, shape, dt),
+            tensor_cores)
+      << what;
+  prefill({out.get(), out_stride}, {q.get(), q_stride}, kv, d_cu.get(), d_kv_lens.get(), num_seqs, max_q_len, shape,
+          dt, nullptr);
+  std::vector<float> want(tokens * out_stride, 0.f);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const auto k = pages.gather(k_cache.host, s, kv_lens[s], kvd), v = pages.gather(v_cache.host, s, kv_lens[s], kvd);
+    attention_ref(want.data() + cu[s] * out_stride, out_stride, q.host.data() + cu[s] * q_stride, q_stride, k.data(),
+                  v.data(), kvd, q_lens[s], kv_lens[s] - q_lens[s], shape, 8);
+  }
+  std::vector<float> got = out.download(), got_rows, want_rows;
+  int64_t padding_written = 0;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < out_stride; ++i) {
+      if (i < qd) {
+        got_rows.push_back(got[t * out_stride + i]);
+        want_rows.push_back(round_to(want[t * out_stride + i], dt));
+      } else {
+        padding_written += !std::isnan(got[t * out_stride + i]);
       }
-      std::vector<float> got = out.download(), got_rows, want_rows;
-      for (int64_t t = 0; t < tokens; ++t)
-        for (int64_t i = 0; i < out_stride; ++i) {
-          if (i < qd) {
-            got_rows.push_back(got[t * out_stride + i]);
-            want_rows.push_back(round_to(want[t * out_stride + i], dt));
-          } else {
-            EXPECT_TRUE(std::isnan(got[t * out_stride + i])) << "padding written at row " << t;
-          }
-        }
-      expect_close(got_rows, want_rows, dt == DType::f32 ? 2e-5f : 2e-3f, rtol_for(dt), case_label("prefill", c, dt));
     }
+  EXPECT_EQ(padding_written, 0) << what << ": output padding written";
+  expect_close(got_rows, want_rows, atol, rtol_for(dt), what);
+}
+
+// The tensor-core path rounds each softmax weight p to dt before P·V (relative error <= u) while
+// the normaliser sums them in fp32, so an output is off by at most u·max|v| (2 here) before its
+// own rounding, which rtol covers; fp16 subnormal weights add at most ~1e-4 over 1300 keys.
+float tensor_core_atol(DType dt) { return unit_roundoff(dt) * 2 + 1e-4f; }
+
+// Head dims 64 and 128 with GQA groups 1, 4 and 8.
+constexpr AttentionCase kTensorCoreCases[] = {{64, 4, 4}, {64, 8, 2}, {128, 8, 1}, {128, 32, 8}};
+
+TEST(KernelsLlmGpu, PrefillAttentionChunksOverShuffledPages) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  for (const AttentionCase& c : kTensorCoreCases)
+    for (DType dt : {DType::bf16, DType::f16})
+      check_prefill(attention_prefill, c, dt, 16, true, tensor_core_atol(dt), rng,
+                    case_label("tensor-core prefill", c, dt));
+  // Pages of 8 tokens: a 64-key tile gathers 8 pages.
+  check_prefill(attention_prefill, {128, 16, 4}, DType::bf16, 8, true, tensor_core_atol(DType::bf16), rng,
+                "tensor-core prefill, pages of 8");
+  // The scalar tiles: f32 everywhere, bf16 at the head dims without a tensor-core kernel, and
+  // bf16 at 128 forced (where attention_prefill would take tensor cores).
+  for (const AttentionCase& c : kAttentionCases)
+    check_prefill(attention_prefill, c, DType::f32, 16, false, 2e-5f, rng, case_label("prefill", c, DType::f32));
+  for (const AttentionCase& c : {kAttentionCases[0], kAttentionCases[4]})
+    check_prefill(attention_prefill, c, DType::bf16, 16, false, 2e-3f, rng, case_label("prefill", c, DType::bf16));
+  check_prefill(attention_prefill_scalar, {128, 8, 2}, DType::bf16, 16, true, 2e-3f, rng, "scalar prefill d 128 bf16");
+}
+
+// Times 2048-token causal prefill attention at the LLaMA-2-7B shape (32 heads of 128, bf16, a
+// shuffled paged cache) with both kernels and prints TFLOP/s; asserts only that they agree.
+TEST(KernelsLlmGpu, PrefillAttentionTensorCoresVsScalarTiming) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(19);
+  const int32_t tokens = 2048;
+  const AttentionCase c{128, 32, 32};
+  const DType dt = DType::bf16;
+  const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+  const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim, q_stride = qd + 2 * kvd;
+  const PagedCache pages({tokens}, 16, rng);
+  auto d_cu = upload_ints({0, tokens}), d_kv_lens = upload_ints({tokens});
+  DeviceTensor q(uniform(tokens * q_stride, rng, -2, 2), dt);
+  DeviceTensor k_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
+  DeviceTensor v_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
+  const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, 16};
+  ASSERT_TRUE(attention_prefill_uses_tensor_cores({q.get(), qd}, {q.get(), q_stride}, kv, shape, dt));
+  const double flops = 4.0 * tokens * tokens * c.head_dim * c.q_heads / 2;  // causal: half of QKᵀ and PV
+  auto time_kernel = [&](PrefillFn prefill, const char* name) {
+    auto out = DeviceTensor::poisoned(tokens * qd, dt);
+    auto run = [&] {
+      prefill({out.get(), qd}, {q.get(), q_stride}, kv, d_cu.get(), d_kv_lens.get(), 1, tokens, shape, dt, nullptr);
+    };
+    run();  // warm-up, and the output compared below
+    std::vector<float> ms;
+    core::EventTimer timer(nullptr);
+    for (int i = 0; i < 5; ++i) {
+      timer.start();
+      run();
+      ms.push_back(timer.stop());
+    }
+    std::sort(ms.begin(), ms.end());
+    std::cout << "prefill attention, " << tokens << " tokens x 32 heads x 128, bf16, " << name << ": median "
+              << ms[2] << " ms = " << flops / (ms[2] * 1e-3) / 1e12 << " TFLOP/s (min " << ms[0] << " ms)\n";
+    return out.download();
+  };
+  const auto fast = time_kernel(attention_prefill, "tensor cores");
+  const auto scalar = time_kernel(attention_prefill_scalar, "scalar fp32 tiles");
+  // The scalar output is within 2e-3 of the fp32 reference (the test above).
+  expect_close(fast, scalar, tensor_core_atol(dt) + 2e-3f, rtol_for(dt), "tensor cores vs scalar, 2048 tokens");
 }
 
 TEST(KernelsLlmGpu, DecodeAttentionOverShuffledPages) {

@@ -71,5 +71,30 @@ TEST(KernelsLlmRef, RmsNormSiluArgmax) {
   EXPECT_EQ(idx, 1);
 }
 
+// Which prefill kernel runs is decided on the host: tensor cores for bf16/fp16 at head_dim 64 and
+// 128 with 16-byte aligned q and cache (4-byte aligned output), the scalar tiles otherwise.
+TEST(KernelsLlmRef, PrefillTakesTensorCoresOnlyWhereItCan) {
+  alignas(16) static uint16_t buf[64];
+  const AttentionShape d128{32, 8, 128, 0.1f}, d64{8, 8, 64, 0.1f}, d32{4, 2, 32, 0.1f}, d256{4, 1, 256, 0.1f};
+  const int64_t stride = 48 * 128;  // a fused QKV row
+  const PagedKv kv{buf, buf, nullptr, 1, 16};
+  auto uses = [&](const AttentionShape& shape, core::DType dt, const void* q, int64_t q_stride, void* out,
+                  int64_t out_stride, const PagedKv& cache) {
+    return attention_prefill_uses_tensor_cores({out, out_stride}, {q, q_stride}, cache, shape, dt);
+  };
+  for (core::DType dt : {core::DType::bf16, core::DType::f16}) {
+    EXPECT_TRUE(uses(d128, dt, buf, stride, buf, 4096, kv));
+    EXPECT_TRUE(uses(d64, dt, buf, stride, buf, 4096 + 2, kv));  // the output needs only pairs aligned
+    EXPECT_FALSE(uses(d32, dt, buf, stride, buf, 4096, kv));
+    EXPECT_FALSE(uses(d256, dt, buf, stride, buf, 4096, kv));
+    EXPECT_FALSE(uses(d128, dt, buf, stride + 4, buf, 4096, kv));  // q rows 8-byte aligned only
+    EXPECT_FALSE(uses(d128, dt, buf + 4, stride, buf, 4096, kv));
+    EXPECT_FALSE(uses(d128, dt, buf, stride, buf, 4096 + 1, kv));  // odd output stride
+    EXPECT_FALSE(uses(d128, dt, buf, stride, buf, 4096, {buf + 1, buf, nullptr, 1, 16}));
+    EXPECT_FALSE(uses(d128, dt, buf, stride, buf, 4096, {buf, buf + 4, nullptr, 1, 16}));
+  }
+  EXPECT_FALSE(uses(d128, core::DType::f32, buf, stride, buf, 4096, kv));
+}
+
 }  // namespace
 }  // namespace gpulab::kernels
