@@ -42,6 +42,7 @@ void run_outer_vector_case(blas::Blas& blas, int64_t m, int64_t n, int64_t k, st
     GPULAB_CHECK(cudaMemcpy(dc.get(), c0.data(), dc.bytes(), cudaMemcpyHostToDevice));
   else
     GPULAB_CHECK(cudaMemset(dc.get(), 0xFF, dc.bytes()));  // NaN
+  GPULAB_CHECK(cudaDeviceSynchronize());  // the legacy-stream memset before the matmul's own stream
   core::Stream stream;
   blas.matmul({m, n, k, false, true}, {DType::f8e4m3, DType::f8e4m3, out_type}, da.get(), db.get(), dc.get(), stream,
               1.f, accumulate ? 1.f : 0.f, {dsa.get(), dsb.get(), true});

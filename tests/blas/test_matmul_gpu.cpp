@@ -64,6 +64,8 @@ void run_case(blas::Blas& blas, const Case& c, std::mt19937& rng) {
   GPULAB_CHECK(cudaMemcpy(db.get(), b_bytes.data(), b_bytes.size(), cudaMemcpyHostToDevice));
   GPULAB_CHECK(cudaMemcpy(scales.get(), host_scales, sizeof host_scales, cudaMemcpyHostToDevice));
   GPULAB_CHECK(cudaMemset(dc.get(), 0xFF, dc.bytes()));  // poison: NaN in every float type
+  // The memset is asynchronous on the legacy stream, which the matmul's stream does not wait for.
+  GPULAB_CHECK(cudaDeviceSynchronize());
 
   core::Stream stream;
   try {

@@ -33,6 +33,9 @@ template <class T>
 core::DeviceBuffer<T> upload(const std::vector<T>& h) {
   core::DeviceBuffer<T> b(h.size());
   GPULAB_CHECK(cudaMemcpy(b.get(), h.data(), b.bytes(), cudaMemcpyHostToDevice));
+  // A pageable upload may still be landing when cudaMemcpy returns, and the collectives run on a
+  // non-blocking stream that does not wait for it: without this the poison could overwrite results.
+  GPULAB_CHECK(cudaDeviceSynchronize());
   return b;
 }
 

@@ -12,6 +12,10 @@ everything into one safetensors file, under torchvision's state_dict names (conv
   lamb.<name>         the state_dict after one LAMB step (apex FusedLAMB's math in torch ops)
   input.nhwc          the batch, float32 [N][H][W][3] (gpulab's layout); labels int32 [N]
   logits              fp32 [N][classes]; loss [1] (cross-entropy, label smoothing as gpulab's trainer)
+  grad64.<param>      every gradient from the same forward and backward in float64 (stored as fp32):
+                      how far torch's own fp32 gradients are from exact is the noise floor of the bar
+  logits.fp16/.bf16   torch autocast logits (channels_last) from the same start: torch's own
+                      half-precision distance from fp32
 The recipe (learning rates, decay, betas, ...) is in the file's metadata; the gpu test
 ReferenceGpu.* (tests/train/test_torchvision_gpu.cpp) reads it from GPULAB_TORCHVISION_REF.
 
@@ -19,6 +23,7 @@ ReferenceGpu.* (tests/train/test_torchvision_gpu.cpp) reads it from GPULAB_TORCH
   GPULAB_TORCHVISION_REF=/tmp/torchvision_resnet50.safetensors ctest --test-dir build-device -R ReferenceGpu
 """
 import argparse
+import copy
 
 import torch
 import torchvision
@@ -99,6 +104,26 @@ def main():
     out["labels"] = labels.to(torch.int32)
     out["logits"] = logits.detach().cpu().contiguous()
     out["loss"] = loss.detach().cpu().reshape(1)
+
+    # The same forward and backward from the same start in float64, and torch's half precisions.
+    fresh = copy.deepcopy(model)
+    fresh.load_state_dict(start)
+    exact = copy.deepcopy(fresh).double()
+    exact.zero_grad(set_to_none=True)  # deepcopy carries the fp32 run's .grad along
+    loss64 = torch.nn.functional.cross_entropy(exact(x.double()), y, label_smoothing=SMOOTHING)
+    loss64.backward()
+    worst = (0.0, "")
+    for n, p in exact.named_parameters():
+        out["grad64." + n] = p.grad.float().cpu().contiguous()
+        err = ((grads[n].double() - p.grad).norm() / p.grad.norm()).item()
+        worst = max(worst, (err, n))
+    print(f"torch fp32 gradients against float64: worst relative L2 {worst[0]:.3g} ({worst[1]})")
+    for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        half = copy.deepcopy(fresh).to(memory_format=torch.channels_last)
+        with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+            got = half(x.to(memory_format=torch.channels_last)).float()
+        out["logits." + name] = got.cpu().contiguous()
+        print(f"torch autocast {name} logits against fp32: relative L2 {((got - logits).norm() / logits.norm()).item():.3g}")
 
     decay = [p for n, p in model.named_parameters() if decays(n, p)]
     no_decay = [p for n, p in model.named_parameters() if not decays(n, p)]

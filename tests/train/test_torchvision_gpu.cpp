@@ -14,7 +14,9 @@
 #include "common/gpu.h"
 #include "core/memory.h"
 #include "core/safetensors.h"
+#include "comm/communicator.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
 #include "train/optimizer.h"
 #include "train/resnet.h"
 
@@ -89,18 +91,21 @@ std::optional<Reference> load_reference(std::string* why) {
   return r;
 }
 
-// The model in `dtype`, loaded with the reference weights, after one training forward.
+// The model in `dtype`, loaded with the reference weights, after one training forward. With `dp`
+// (a world of one with sync_batchnorm), batch norm runs on gpulab's own kernels instead of cuDNN's.
 struct LoadedModel {
   core::Stream stream;
   std::unique_ptr<ResNet> net;
   core::DeviceBuffer<std::byte> images;
   core::DeviceBuffer<int32_t> labels;
+  DataParallel* dp;
 
-  LoadedModel(const Reference& ref, core::DType dtype) {
+  LoadedModel(const Reference& ref, core::DType dtype, DataParallel* data_parallel = nullptr) : dp(data_parallel) {
     ModelOptions o = ref.model;
     o.dtype = dtype;
     net = std::make_unique<ResNet>(o);
     upload_model(*net, ref.start, stream);
+    if (dp) dp->attach(*net, stream);
     const size_t n = ref.images.size();
     images = core::DeviceBuffer<std::byte>(n * core::dtype_size(dtype));
     std::vector<uint16_t> half(n);
@@ -119,11 +124,16 @@ struct LoadedModel {
   std::vector<float> logits(const Reference& ref) {
     return download(net->logits(), size_t(ref.model.batch) * ref.layout.classes, stream);
   }
-  void backward() { net->backward(labels.get(), 1.f, false, nullptr, stream); }
+  void backward() {
+    if (dp) dp->arm(true, stream);
+    net->backward(labels.get(), 1.f, false, nullptr, stream);
+    if (dp) dp->finish(stream);
+  }
 };
 
 // Per tensor (those with weight decay only, when asked), the relative L2 of `got` against `want`
-// (packed parameter arrays); the worst printed with its name.
+// (packed parameter arrays), each checked against `tolerance` unless it is negative (print only);
+// the worst printed with its name.
 void worst_per_tensor(const ResNet& net, const std::vector<float>& got, const std::vector<float>& want,
                       const std::string& what, double tolerance, bool decay_only = false) {
   double worst = 0;
@@ -133,10 +143,25 @@ void worst_per_tensor(const ResNet& net, const std::vector<float>& got, const st
     off += p.count;
     if (decay_only && !p.decay) continue;
     const double e = rel_l2(got.data() + off - p.count, want.data() + off - p.count, size_t(p.count));
-    EXPECT_LE(e, tolerance) << what << " " << p.name;
+    if (tolerance >= 0) {
+      EXPECT_LE(e, tolerance) << what << " " << p.name;
+    }
     if (e > worst || std::isnan(e)) worst = e, worst_name = p.name;
   }
   std::printf("%s: worst relative L2 %.3g (%s)\n", what.c_str(), worst, worst_name.c_str());
+}
+
+// Gradients of one forward and backward against torchvision's fp32 ones (the bar), and, printed
+// for the diagnosis, against float64 (gpulab's and torch's own distance from exact).
+void compare_gradients(LoadedModel& run, const Reference& ref, const std::string& what) {
+  run.backward();
+  const std::vector<float> grads = download(run.net->grads(), size_t(run.net->param_count()), run.stream);
+  const std::vector<float> torch32 = read_param_tensors(*ref.file, ref.layout, "grad.");
+  worst_per_tensor(*run.net, grads, torch32, what + " gradients", 1e-3);
+  if (!ref.file->find("grad64.fc.weight")) return;  // a file from before float64 was recorded
+  const std::vector<float> exact = read_param_tensors(*ref.file, ref.layout, "grad64.");
+  worst_per_tensor(*run.net, grads, exact, what + " gradients against float64", -1);
+  worst_per_tensor(*run.net, torch32, exact, "torchvision fp32 gradients against float64", -1);
 }
 
 std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& b) {
@@ -160,18 +185,29 @@ TEST(ReferenceGpu, Fp32ForwardBackwardMatchTorchvision) {
   const double logits_err = rel_l2(run.logits(*ref), want_logits);
   std::printf("fp32 logits: relative L2 %.3g\n", logits_err);
   EXPECT_LE(logits_err, 1e-3);
-  run.backward();
+  compare_gradients(run, *ref, "cuDNN batch norm:");
   const float loss = run.net->last_loss(run.stream), want_loss = floats(*ref->file, "loss")[0];
   std::printf("loss: gpulab %.7f, torchvision %.7f\n", loss, want_loss);
   EXPECT_NEAR(loss, want_loss, 1e-4);
-  const std::vector<float> grads = download(run.net->grads(), size_t(run.net->param_count()), run.stream);
-  worst_per_tensor(*run.net, grads, read_param_tensors(*ref->file, ref->layout, "grad."), "gradients", 1e-3);
   // BN running statistics after the forward (momentum 0.1, unbiased variance).
   const ModelState after = download_model(*run.net, run.stream);
   const ModelState want = read_torchvision(ref->file->path(), ref->layout, "after.");
   EXPECT_LE(rel_l2(after.running_mean, want.running_mean), 1e-4);
   EXPECT_LE(rel_l2(after.running_var, want.running_var), 1e-4);
   EXPECT_EQ(after.batches_tracked, want.batches_tracked);
+}
+
+// The same with batch norm on gpulab's own kernels (--sync-bn's, in a world of one): a second
+// implementation of the one layer that cuDNN does for us, against the same reference.
+TEST(ReferenceGpu, Fp32GradientsWithOwnBatchNormKernelsMatchTorchvision) {
+  GPULAB_REQUIRE_REFERENCE(ref);
+  comm::Communicator comm(comm::make_unique_id(), 0, 1, 0);
+  DataParallelOptions dpo;
+  dpo.sync_batchnorm = true;
+  DataParallel dp(comm, dpo);
+  LoadedModel run(*ref, core::DType::f32, &dp);
+  EXPECT_LE(rel_l2(run.logits(*ref), floats(*ref->file, "logits")), 1e-3);
+  compare_gradients(run, *ref, "own batch norm:");
 }
 
 // One step of each optimizer from the reference start. The update (new minus old weights) is
@@ -219,7 +255,12 @@ TEST(ReferenceGpu, HalfPrecisionForwardWithin2e2OfTorchvisionFp32) {
   for (const core::DType dt : {core::DType::f16, core::DType::bf16}) {
     LoadedModel run(*ref, dt);
     const double e = rel_l2(run.logits(*ref), want);
-    std::printf("%s logits: relative L2 %.3g against torchvision fp32\n", std::string(core::dtype_name(dt)).c_str(), e);
+    const std::string name(core::dtype_name(dt));
+    std::printf("%s logits: relative L2 %.3g against torchvision fp32\n", name.c_str(), e);
+    const std::string torch_half = "logits." + std::string(dt == core::DType::f16 ? "fp16" : "bf16");
+    if (ref->file->find(torch_half))
+      std::printf("  torch autocast %s: relative L2 %.3g against the same\n", name.c_str(),
+                  rel_l2(floats(*ref->file, torch_half), want));
     EXPECT_LE(e, 2e-2) << core::dtype_name(dt);
   }
 }
