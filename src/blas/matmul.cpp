@@ -146,15 +146,18 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
     p->algo = results[0].algo;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     GPULAB_CHECK(cudaStreamIsCapturing(stream, &capture));
-    // Timing overwrites C, so only a plan whose first call overwrites C anyway is tuned.
-    if (found > 1 && beta == 0.f && capture == cudaStreamCaptureStatusNone) {
+    if (found > 1 && capture == cudaStreamCaptureStatusNone) {
       constexpr int kTimedRuns = 5;
+      // Timing overwrites C: a call that accumulates (beta != 0) is timed on a scratch C.
+      core::DeviceBuffer<std::byte> scratch(beta == 0.f ? 0 : size_t(s.m * s.n) * core::dtype_size(t.c));
+      void* timed_c = beta == 0.f ? c : scratch.get();
       core::EventTimer timer(stream);
       float best = std::numeric_limits<float>::infinity();
       for (int i = 0; i < found; ++i) {
         auto launch = [&] {
-          return cublasLtMatmul(state_->handle, p->desc, &alpha, b, p->layout_x, a, p->layout_y, &beta, c, p->layout_c, c,
-                                p->layout_c, &results[i].algo, state_->workspace.get(), state_->workspace.bytes(), stream);
+          return cublasLtMatmul(state_->handle, p->desc, &alpha, b, p->layout_x, a, p->layout_y, &beta, timed_c,
+                                p->layout_c, timed_c, p->layout_c, &results[i].algo, state_->workspace.get(),
+                                state_->workspace.bytes(), stream);
         };
         if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // the warm-up; a candidate that cannot run is skipped
         timer.start();

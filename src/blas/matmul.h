@@ -39,9 +39,9 @@ struct Fp8Scales {
 // Owns a cuBLASLt handle and workspace, and caches the chosen algorithm per problem.
 // One per device and thread; not thread-safe.
 // By default the algorithm is the heuristic's first choice. With autotuning on, the plan made by a
-// call with beta = 0 (outside stream capture) asks the heuristic for up to `candidates`
-// algorithms, runs each on that call's own operands (one warm-up, then a few timed back-to-back
-// launches) and keeps the fastest: what a benchmark wants, at the cost of a synchronisation and
+// call outside stream capture asks the heuristic for up to `candidates` algorithms, runs each on
+// that call's own operands (into a scratch C when the call accumulates; one warm-up, then a few
+// timed back-to-back launches) and keeps the fastest: what a benchmark wants, at the cost of a synchronisation and
 // some dozens of extra products once per shape. Plans made before the switch keep their choice.
 class Blas {
  public:

@@ -35,6 +35,7 @@ using bf16 = __nv_bfloat16;
 constexpr DType kAct = DType::bf16;          // weights, GEMM inputs, q/k/v, KV cache
 constexpr size_t kAlign = 256;               // every weight and buffer starts on this boundary
 constexpr size_t kSafetyMargin = 512u << 20;  // left free for the CUDA context, graphs, cuBLASLt
+constexpr int kDecodeGemmCandidates = 16;      // cuBLASLt algorithms timed for each decode GEMM
 
 std::string gib(size_t bytes) {
   char buf[32];
@@ -625,7 +626,11 @@ struct CudaEngine::Impl {
     const std::vector<int32_t> ids = {0, 0};
     std::vector<float> out(cfg.vocab_size);
     forward({{&s, std::span(ids)}}, out.data(), false);                 // a prefill chunk
+    // The decode step's GEMMs (every step has their shapes) are worth timing cuBLASLt's
+    // candidates for once; prefill shapes change with each prompt, so they keep the heuristic's.
+    blas->set_autotune(kDecodeGemmCandidates);
     forward({{&s, std::span(ids).first(1)}}, out.data(), false);        // a decode step (captured)
+    blas->set_autotune(0);
   }
 
   Sequence& sequence(SeqId id) {
