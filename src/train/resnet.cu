@@ -394,7 +394,9 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
   for (const auto& L : convs) {
     size_t unused_ws = 0, unused_reserve = 0;
     bn_ex = bn_ex && bn_ex_sizes(L, CUDNN_BATCHNORM_OPS_BN, unused_ws, unused_reserve);
-    bn_fused = bn_fused && bn_ex_sizes(L, fused_ops(L), unused_ws, unused_reserve);
+    // cuDNN documents the fused add for channel counts that are multiples of 4 only.
+    const bool channels_ok = fused_ops(L) != CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION || L.spec.out % 4 == 0;
+    bn_fused = bn_fused && channels_ok && bn_ex_sizes(L, fused_ops(L), unused_ws, unused_reserve);
     d_conv_bytes = std::max(d_conv_bytes, L.conv_out.bytes());
   }
   bn_fused = bn_fused && bn_ex;
