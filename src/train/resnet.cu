@@ -10,6 +10,7 @@
 #include "blas/matmul.h"
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/memory.h"
 #include "train/resnet.h"
 #include "train/sync_batchnorm.h"
@@ -400,6 +401,9 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
     d_conv_bytes = std::max(d_conv_bytes, L.conv_out.bytes());
   }
   bn_fused = bn_fused && bn_ex;
+  core::log_debug("training batch norm: ", bn_fused ? "cuDNN with the ReLU and residual add fused"
+                                        : bn_ex   ? "cuDNN (Ex), separate ReLU and add kernels"
+                                                  : "cuDNN (plain), separate ReLU and add kernels");
   for (auto& L : convs) {
     size_t a = 0, b = 0, c = 0, bn_ws = 0, reserve = 0;
     GPULAB_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, L.fwd, &a));
@@ -718,6 +722,7 @@ void ResNet::set_batchnorm_sync(SumOverRanks sum_over_ranks, int world) {
   m.bn_sum = std::move(sum_over_ranks);
   m.bn_world = world;
   m.bn_fused = false;  // our synchronised BatchNorm, then our ReLU and add kernels
+  core::log_debug("training batch norm: synchronised over ", world, " ranks, separate ReLU and add kernels");
 }
 const float* ResNet::logits() const { return impl_->logits.get(); }
 float* ResNet::params() { return impl_->params.get(); }
