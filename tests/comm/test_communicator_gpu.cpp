@@ -62,7 +62,12 @@ TEST(Communicator, WorldOfOneIsTheIdentity) {
     auto out = poisoned(n);
     comm.all_reduce(send.get(), out.get(), n, core::DType::f32, op, s);
     comm.wait(s.get());
-    EXPECT_EQ(download(out), in);
+    const std::vector<float> got = download(out);
+    size_t wrong = 0, first = n;
+    for (size_t i = 0; i < n; ++i)
+      if (!(got[i] == in[i]) && wrong++ == 0) first = i;
+    EXPECT_EQ(wrong, 0u) << (op == ReduceOp::sum ? "sum" : "avg") << ": first wrong element " << first << " is "
+                         << (first < n ? got[first] : 0.f) << " for " << (first < n ? in[first] : 0.f);
   }
   // In place, in bf16: the bits come back unchanged.
   std::vector<uint16_t> bits(n);
