@@ -353,8 +353,9 @@ double relative_l2(const std::vector<float>& a, const std::vector<float>& ref, c
 // The fused path (cuDNN's BN_ACTIVATION and BN_ADD_ACTIVATION, which also write the residual's
 // gradient) against the separate ReLU, add and mask kernels, from the same weights and batch, for
 // basic blocks and bottlenecks, identity and projection shortcuts. They differ by fp16 rounding
-// (the fused add rounds once); a wrong ReLU mask, a lost shortcut gradient or a misplaced
-// accumulation changes the update by order 1.
+// (the fused add rounds once; each model measures its own conv algorithms, which may differ); a
+// wrong ReLU mask, a lost shortcut gradient or a misplaced accumulation changes the update by
+// order 1.
 TEST(ResNetGpu, FusedBatchNormActivationTrainsAsTheSeparateKernels) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
