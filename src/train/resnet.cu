@@ -1,6 +1,8 @@
 // ResNet forward/backward: cuDNN convolutions (legacy API, algorithms from the v7 heuristics),
-// cuDNN BatchNorm, cuDNN max pooling, and small kernels for ReLU, residual add, global average
-// pooling and the loss. One conv+BN(+ReLU) is a ConvLayer; its buffers hold what backward needs.
+// cuDNN BatchNorm, cuDNN max pooling, and small kernels for global average pooling, the loss,
+// and ReLU and residual add wherever cuDNN's batch norm does not fuse them (Impl::bn_fused).
+// One conv+BN(+ReLU) is a ConvLayer; a block's last one also adds the shortcut before its ReLU.
+// Its buffers hold what backward needs.
 #include <algorithm>
 #include <cfloat>
 #include <string>
@@ -8,6 +10,7 @@
 #include "blas/matmul.h"
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/memory.h"
 #include "train/resnet.h"
 #include "train/sync_batchnorm.h"
@@ -51,14 +54,14 @@ __global__ void add_relu_kernel(const T* a, const T* b, T* y, int64_t n) {
   GRID_STRIDE(i, n) y[i] = T(fmaxf(float(a[i]) + float(b[i]), 0.f));
 }
 
+// d = y > 0 ? dy : 0 (ReLU backward from its output y), also into d2 unless null.
 template <class T>
-__global__ void masked_copy_kernel(const T* y, const T* dy, T* d, int64_t n) {
-  GRID_STRIDE(i, n) d[i] = float(y[i]) > 0.f ? dy[i] : T(0.f);
-}
-
-template <class T>
-__global__ void add_into_kernel(T* dst, const T* src, int64_t n) {
-  GRID_STRIDE(i, n) dst[i] = T(float(dst[i]) + float(src[i]));
+__global__ void masked_copy_kernel(const T* y, const T* dy, T* d, T* d2, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const T v = float(y[i]) > 0.f ? dy[i] : T(0.f);
+    d[i] = v;
+    if (d2) d2[i] = v;
+  }
 }
 
 template <class T>
@@ -169,13 +172,21 @@ struct ConvLayer {
   void* d_out = nullptr;  // d_out_own, or the block's shared gradient for a last/shortcut conv
   core::DeviceBuffer<float> save_mean, save_inv_var, run_mean, run_var;
   core::DeviceBuffer<std::byte> bn_reserve;  // cuDNN's Ex batch norm: kept from forward to backward
+  // A block's last conv: its BN output plus `residual` (the block input, or the projection
+  // shortcut's output), through a ReLU, is the block output `block_y`. Backward starts from the
+  // block output's gradient `block_dy` and writes the residual's gradient into `d_residual` (the
+  // projection's d_out, or the block input's gradient, onto which the first conv then adds).
+  const void* residual = nullptr;
+  void* block_y = nullptr;
+  const void* block_dy = nullptr;
+  void* d_residual = nullptr;
 };
 
 struct Block {
   std::vector<int> convs;
   int shortcut = -1;
-  const void* in = nullptr;
-  void* d_in = nullptr;
+  // Output, its gradient, and the ReLU-masked gradient: the shortcut conv's d_out and, unfused,
+  // the last conv's.
   core::DeviceBuffer<std::byte> y, dy, d_sum;
   int64_t elems = 0;
 };
@@ -191,6 +202,9 @@ struct ResNet::Impl {
   core::DeviceBuffer<float> params, grads;
   core::DeviceBuffer<std::byte> work;  // working copies of conv weights (fp16/bf16 runs)
   core::DeviceBuffer<std::byte> dw_work, workspace;
+  // Gradient of the conv output in backward, every layer in turn: BN backward writes it, the
+  // weight and input gradients read it (a fused BN backward still reads the layer's output).
+  core::DeviceBuffer<std::byte> d_conv;
   std::vector<ConvLayer> convs;
   std::vector<Block> blocks;
   cudnnPoolingDescriptor_t pool_desc{};
@@ -235,17 +249,38 @@ struct ResNet::Impl {
   // layers at batch 256 on the H200: 94 % of a training step). Their workspace shares the
   // convolutions'. If the Ex calls refuse any layer, every layer keeps the plain calls (bn_ex false).
   bool bn_ex = true;
-  size_t bn_workspace_bytes(const ConvLayer& L) {
+  // Training batch norm with the layer's ReLU (and a block's residual add) fused into cuDNN's Ex
+  // calls: CUDNN_BATCHNORM_OPS_BN_ACTIVATION for a conv with a ReLU, ..._BN_ADD_ACTIVATION for
+  // a block's last conv, which then writes the block output itself. cuDNN documents these ops for
+  // NHWC fp16 in the persistent mode only (TensorFlow's fused batch norm requires the same), so
+  // bf16, fp32 and --deterministic keep the unfused path, and so does a model where cuDNN refuses
+  // any layer's sizes, synchronised BatchNorm (set_batchnorm_sync), or ModelOptions::
+  // fuse_bn_activation false. Chosen for the whole model: the unfused path applies the ReLUs, the
+  // add and their backward masks with the small kernels above. Inference is always unfused.
+  bool bn_fused = false;
+  cudnnActivationDescriptor_t relu_desc{};
+  cudnnBatchNormOps_t fused_ops(const ConvLayer& L) const {
+    return L.residual ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                      : L.spec.relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
+  }
+  // What cuDNN's training batch norm computes for this layer.
+  cudnnBatchNormOps_t bn_ops(const ConvLayer& L) const { return bn_fused ? fused_ops(L) : CUDNN_BATCHNORM_OPS_BN; }
+  // cuDNN's workspace (forward and backward) and reserve sizes for `ops` on this layer; false if
+  // cuDNN refuses them.
+  bool bn_ex_sizes(const ConvLayer& L, cudnnBatchNormOps_t ops, size_t& workspace_bytes, size_t& reserve_bytes) const {
+    const bool act = ops != CUDNN_BATCHNORM_OPS_BN, add = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
+    const cudnnTensorDescriptor_t y = act ? L.y_desc : nullptr, z = add ? L.y_desc : nullptr;
+    const cudnnActivationDescriptor_t a = act ? relu_desc : nullptr;
     size_t fwd = 0, bwd = 0;
     const bool ok =
-        cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, L.y_desc,
-                                                                 nullptr, L.y_desc, L.bn_desc, nullptr, &fwd) ==
-            CUDNN_STATUS_SUCCESS &&
-        cudnnGetBatchNormalizationBackwardExWorkspaceSize(cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, L.y_desc, nullptr,
-                                                          L.y_desc, nullptr, L.y_desc, L.bn_desc, nullptr,
-                                                          &bwd) == CUDNN_STATUS_SUCCESS;
-    bn_ex = bn_ex && ok;
-    return ok ? std::max(fwd, bwd) : 0;
+        cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(cudnn, bn_mode(), ops, L.y_desc, z, L.y_desc,
+                                                                 L.bn_desc, a, &fwd) == CUDNN_STATUS_SUCCESS &&
+        cudnnGetBatchNormalizationBackwardExWorkspaceSize(cudnn, bn_mode(), ops, L.y_desc, y, L.y_desc, z, L.y_desc,
+                                                          L.bn_desc, a, &bwd) == CUDNN_STATUS_SUCCESS &&
+        cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnn, bn_mode(), ops, a, L.y_desc, &reserve_bytes) ==
+            CUDNN_STATUS_SUCCESS;
+    workspace_bytes = std::max(fwd, bwd);
+    return ok;
   }
 };
 
@@ -254,6 +289,9 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
   if (opt.batch < 1 || opt.image_size < 32) throw core::InputError("training needs batch >= 1 and images of at least 32x32");
   elem = core::dtype_size(opt.dtype);
   GPULAB_CHECK(cudnnCreate(&cudnn));
+  // Our ReLU kernels turn NaN into 0 (fmaxf), and so does this one.
+  GPULAB_CHECK(cudnnCreateActivationDescriptor(&relu_desc));
+  GPULAB_CHECK(cudnnSetActivationDescriptor(relu_desc, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
   total = resnet_param_count(layout);
   params = core::DeviceBuffer<float>(size_t(total));
   grads = core::DeviceBuffer<float>(size_t(total));
@@ -307,8 +345,6 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
     Block& B = blocks[b];
     B.convs = layout.blocks[b].convs;
     B.shortcut = layout.blocks[b].shortcut;
-    B.in = in;
-    B.d_in = d_in;
     const void* x = in;
     int xh = h, xw = w;
     for (size_t j = 0; j < B.convs.size(); ++j) {
@@ -324,8 +360,12 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
     B.y = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
     B.dy = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
     B.d_sum = core::DeviceBuffer<std::byte>(size_t(B.elems) * elem);
-    last.d_out = B.d_sum.get();  // the last conv's BN output gradient is the masked sum gradient
+    last.d_out = B.d_sum.get();  // unfused: the last conv's BN output gradient is the masked sum gradient
     last.d_out_own.reset();
+    last.block_y = B.y.get();
+    last.block_dy = B.dy.get();
+    last.residual = in;
+    last.d_residual = d_in;  // identity: the block input's gradient
     if (B.shortcut >= 0) {
       ConvLayer& S = convs[B.shortcut];
       S.in = in;
@@ -333,6 +373,8 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
       build_conv(S, h, w);
       S.d_out = B.d_sum.get();
       S.d_out_own.reset();
+      last.residual = S.out.get();
+      last.d_residual = S.d_out;
     }
     in = B.y.get();
     d_in = B.dy.get();
@@ -346,17 +388,34 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
   row_loss = core::DeviceBuffer<float>(size_t(opt.batch));
   row_correct = core::DeviceBuffer<int>(size_t(opt.batch));
 
-  // One workspace for the largest algorithm chosen.
-  size_t ws = 0;
+  // Which batch norm path runs (see bn_fused), then one workspace for the largest algorithm
+  // chosen, and each layer's batch norm reserve.
+  bn_fused = opt.fuse_bn_activation && opt.dtype == core::DType::f16 && bn_mode() == CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+  size_t ws = 0, d_conv_bytes = 0;
   for (const auto& L : convs) {
-    size_t a = 0, b = 0, c = 0;
+    size_t unused_ws = 0, unused_reserve = 0;
+    bn_ex = bn_ex && bn_ex_sizes(L, CUDNN_BATCHNORM_OPS_BN, unused_ws, unused_reserve);
+    // cuDNN documents the fused add for channel counts that are multiples of 4 only.
+    const bool channels_ok = fused_ops(L) != CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION || L.spec.out % 4 == 0;
+    bn_fused = bn_fused && channels_ok && bn_ex_sizes(L, fused_ops(L), unused_ws, unused_reserve);
+    d_conv_bytes = std::max(d_conv_bytes, L.conv_out.bytes());
+  }
+  bn_fused = bn_fused && bn_ex;
+  core::log_debug("training batch norm: ", bn_fused ? "cuDNN with the ReLU and residual add fused"
+                                        : bn_ex   ? "cuDNN (Ex), separate ReLU and add kernels"
+                                                  : "cuDNN (plain), separate ReLU and add kernels");
+  for (auto& L : convs) {
+    size_t a = 0, b = 0, c = 0, bn_ws = 0, reserve = 0;
     GPULAB_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, L.fwd, &a));
     if (L.d_in)
       GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, L.bwd_data, &b));
     GPULAB_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc, L.bwd_filter, &c));
-    ws = std::max({ws, a, b, c, bn_workspace_bytes(L)});
+    if (bn_ex) bn_ex_sizes(L, bn_ops(L), bn_ws, reserve);
+    L.bn_reserve = core::DeviceBuffer<std::byte>(reserve);
+    ws = std::max({ws, a, b, c, bn_ws});
   }
   workspace = core::DeviceBuffer<std::byte>(ws);
+  d_conv = core::DeviceBuffer<std::byte>(d_conv_bytes);
   if (work.get()) {
     dispatch([&]<class T>() {
       cast_kernel<T><<<blocks_for(total), kThreads>>>(params.get(), reinterpret_cast<T*>(work.get()), total);
@@ -376,6 +435,7 @@ ResNet::Impl::~Impl() {
   }
   GPULAB_CHECK_NOTHROW(cudnnDestroyPoolingDescriptor(pool_desc));
   GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(pool_out_desc));
+  GPULAB_CHECK_NOTHROW(cudnnDestroyActivationDescriptor(relu_desc));
   GPULAB_CHECK_NOTHROW(cudnnDestroy(cudnn));
 }
 
@@ -453,28 +513,28 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   L.d_out_own = core::DeviceBuffer<std::byte>(bytes);
   L.d_out = L.d_out_own.get();
   for (auto* b : {&L.save_mean, &L.save_inv_var, &L.run_mean, &L.run_var}) *b = core::DeviceBuffer<float>(size_t(c));
-  size_t reserve = 0;
-  if (cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, nullptr, L.y_desc,
-                                                           &reserve) != CUDNN_STATUS_SUCCESS)
-    bn_ex = false;
-  L.bn_reserve = core::DeviceBuffer<std::byte>(reserve);
   GPULAB_CHECK(cudaMemset(L.run_mean.get(), 0, L.run_mean.bytes()));
   const std::vector<float> ones(size_t(c), 1.f);
   GPULAB_CHECK(cudaMemcpy(L.run_var.get(), ones.data(), L.run_var.bytes(), cudaMemcpyHostToDevice));
 }
 
+// Conv, BN, and the ReLU (after adding the shortcut, for a block's last conv; the shortcut's
+// conv runs first). Output: L.out, or the block output for a block's last conv.
 void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
   const float one = 1.f, zero = 0.f;
   GPULAB_CHECK(cudnnConvolutionForward(cudnn, &one, L.x_desc, L.in, L.w_desc, L.w_work, L.conv_desc, L.fwd,
                                        workspace.get(), workspace.bytes(), &zero, L.y_desc, L.conv_out.get()));
+  const cudnnBatchNormOps_t ops = training ? bn_ops(L) : CUDNN_BATCHNORM_OPS_BN;
   if (training && bn_sum) {
     sync_batchnorm_forward(sync_bn(L), L.conv_out.get(), L.out.get(), L.gamma, L.beta, L.run_mean.get(), L.run_var.get(),
                            L.save_mean.get(), L.save_inv_var.get(), s);
   } else if (training && bn_ex) {
+    const bool add = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
     GPULAB_CHECK(cudnnBatchNormalizationForwardTrainingEx(
-        cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, &one, &zero, L.y_desc, L.conv_out.get(), nullptr, nullptr, L.y_desc,
-        L.out.get(), L.bn_desc, L.gamma, L.beta, kBnMomentum, L.run_mean.get(), L.run_var.get(), kBnEpsilon,
-        L.save_mean.get(), L.save_inv_var.get(), nullptr, workspace.get(), workspace.bytes(), L.bn_reserve.get(),
+        cudnn, bn_mode(), ops, &one, &zero, L.y_desc, L.conv_out.get(), add ? L.y_desc : nullptr,
+        add ? L.residual : nullptr, L.y_desc, add ? L.block_y : L.out.get(), L.bn_desc, L.gamma, L.beta, kBnMomentum,
+        L.run_mean.get(), L.run_var.get(), kBnEpsilon, L.save_mean.get(), L.save_inv_var.get(),
+        ops == CUDNN_BATCHNORM_OPS_BN ? nullptr : relu_desc, workspace.get(), workspace.bytes(), L.bn_reserve.get(),
         L.bn_reserve.bytes()));
   } else if (training) {
     GPULAB_CHECK(cudnnBatchNormalizationForwardTraining(
@@ -486,18 +546,38 @@ void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
                                                          L.conv_out.get(), L.y_desc, L.out.get(), L.bn_desc, L.gamma,
                                                          L.beta, L.run_mean.get(), L.run_var.get(), kBnEpsilon));
   }
-  if (L.spec.relu) {
-    const int64_t n = int64_t(opt.batch) * L.out_h * L.out_w * L.spec.out;
+  if (ops != CUDNN_BATCHNORM_OPS_BN) return;  // fused: cuDNN applied the add and the ReLU
+  const int64_t n = int64_t(opt.batch) * L.out_h * L.out_w * L.spec.out;
+  if (L.residual) {
+    dispatch([&]<class T>() {
+      add_relu_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<const T*>(L.out.get()),
+                                                            reinterpret_cast<const T*>(L.residual),
+                                                            reinterpret_cast<T*>(L.block_y), n);
+    });
+    GPULAB_CHECK_LAUNCH();
+  } else if (L.spec.relu) {
     dispatch([&]<class T>() { relu_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<T*>(L.out.get()), n); });
     GPULAB_CHECK_LAUNCH();
   }
 }
 
-// From d_out (gradient of this layer's output): ReLU mask, BN backward (into dgamma/dbeta),
-// weight gradient, and the input gradient into d_in scaled by beta_in (0: write, 1: add).
+// From the gradient of this layer's output (d_out, or block_dy for a block's last conv): ReLU
+// mask, BN backward (into dgamma/dbeta; for a block's last conv also the shortcut's gradient into
+// d_residual), weight gradient, and the input gradient into d_in scaled by beta_in (0: write,
+// 1: add).
 void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s) {
   const int64_t n = int64_t(opt.batch) * L.out_h * L.out_w * L.spec.out;
-  if (L.spec.relu) {
+  const cudnnBatchNormOps_t ops = bn_ops(L);
+  if (ops == CUDNN_BATCHNORM_OPS_BN && L.residual) {
+    // Unfused: mask the block output's gradient; that is both the BN output's and the residual's
+    // gradient (one buffer for a projection shortcut, two for an identity).
+    dispatch([&]<class T>() {
+      masked_copy_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(
+          reinterpret_cast<const T*>(L.block_y), reinterpret_cast<const T*>(L.block_dy), reinterpret_cast<T*>(L.d_out),
+          L.d_residual == L.d_out ? nullptr : reinterpret_cast<T*>(L.d_residual), n);
+    });
+    GPULAB_CHECK_LAUNCH();
+  } else if (ops == CUDNN_BATCHNORM_OPS_BN && L.spec.relu) {
     dispatch([&]<class T>() {
       relu_backward_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<const T*>(L.out.get()),
                                                                  reinterpret_cast<T*>(L.d_out), n);
@@ -505,30 +585,32 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
     GPULAB_CHECK_LAUNCH();
   }
   const float one = 1.f, zero = 0.f, param_beta = accumulate ? 1.f : 0.f;
-  // The gradient of the conv output goes into `out`: once the ReLU mask is applied nothing reads
-  // this layer's output again (the next layer, its only reader, has already run backward).
-  void* d_conv = L.out.get();
+  void* dc = d_conv.get();
   if (bn_sum) {
-    sync_batchnorm_backward(sync_bn(L), L.conv_out.get(), L.d_out, d_conv, L.gamma, L.dgamma, L.dbeta, accumulate,
+    sync_batchnorm_backward(sync_bn(L), L.conv_out.get(), L.d_out, dc, L.gamma, L.dgamma, L.dbeta, accumulate,
                             L.save_mean.get(), L.save_inv_var.get(), s);
   } else if (bn_ex) {
+    // Fused: cuDNN masks with the layer's output itself (the block output for ADD_ACTIVATION,
+    // from whose gradient it starts, and it writes the residual's gradient too).
+    const bool act = ops != CUDNN_BATCHNORM_OPS_BN, add = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
     GPULAB_CHECK(cudnnBatchNormalizationBackwardEx(
-        cudnn, bn_mode(), CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &param_beta, L.y_desc, L.conv_out.get(), nullptr,
-        nullptr, L.y_desc, L.d_out, nullptr, nullptr, L.y_desc, d_conv, L.bn_desc, L.gamma, L.beta, L.dgamma, L.dbeta,
-        kBnEpsilon, L.save_mean.get(), L.save_inv_var.get(), nullptr, workspace.get(), workspace.bytes(),
+        cudnn, bn_mode(), ops, &one, &zero, &one, &param_beta, L.y_desc, L.conv_out.get(), act ? L.y_desc : nullptr,
+        add ? L.block_y : act ? L.out.get() : nullptr, L.y_desc, add ? L.block_dy : L.d_out, add ? L.y_desc : nullptr,
+        add ? L.d_residual : nullptr, L.y_desc, dc, L.bn_desc, L.gamma, L.beta, L.dgamma, L.dbeta, kBnEpsilon,
+        L.save_mean.get(), L.save_inv_var.get(), act ? relu_desc : nullptr, workspace.get(), workspace.bytes(),
         L.bn_reserve.get(), L.bn_reserve.bytes()));
   } else {
     GPULAB_CHECK(cudnnBatchNormalizationBackward(cudnn, bn_mode(), &one, &zero, &one, &param_beta,
-                                                 L.y_desc, L.conv_out.get(), L.y_desc, L.d_out, L.y_desc, d_conv,
+                                                 L.y_desc, L.conv_out.get(), L.y_desc, L.d_out, L.y_desc, dc,
                                                  L.bn_desc, L.gamma, L.dgamma, L.dbeta, kBnEpsilon, L.save_mean.get(),
                                                  L.save_inv_var.get()));
   }
   if (opt.dtype == core::DType::f32) {
-    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, d_conv, L.conv_desc,
+    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, dc, L.conv_desc,
                                                 L.bwd_filter, workspace.get(), workspace.bytes(), &param_beta,
                                                 L.w_desc, L.dw));
   } else {
-    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, d_conv, L.conv_desc,
+    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, dc, L.conv_desc,
                                                 L.bwd_filter, workspace.get(), workspace.bytes(), &zero, L.w_desc,
                                                 dw_work.get()));
     dispatch([&]<class T>() {
@@ -539,7 +621,7 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
   }
   params_ready(3 * int(&L - convs.data()), 3);  // weight, BN weight, BN bias
   if (L.d_in)
-    GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, L.w_desc, L.w_work, L.y_desc, d_conv, L.conv_desc,
+    GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, L.w_desc, L.w_work, L.y_desc, dc, L.conv_desc,
                                               L.bwd_data, workspace.get(), workspace.bytes(), &beta_in, L.x_desc,
                                               L.d_in));
 }
@@ -557,18 +639,8 @@ void ResNet::forward(const void* images, bool training, cudaStream_t s) {
   GPULAB_CHECK(cudnnPoolingForward(m.cudnn, m.pool_desc, &one, m.convs[0].y_desc, m.convs[0].out.get(), &zero,
                                    m.pool_out_desc, m.pool_out.get()));
   for (auto& B : m.blocks) {
-    for (int c : B.convs) m.conv_forward(m.convs[c], training, s);
-    const void* shortcut = B.in;
-    if (B.shortcut >= 0) {
-      m.conv_forward(m.convs[B.shortcut], training, s);
-      shortcut = m.convs[B.shortcut].out.get();
-    }
-    const void* main = m.convs[B.convs.back()].out.get();
-    m.dispatch([&]<class T>() {
-      add_relu_kernel<T><<<blocks_for(B.elems), kThreads, 0, s>>>(
-          reinterpret_cast<const T*>(main), reinterpret_cast<const T*>(shortcut), reinterpret_cast<T*>(B.y.get()), B.elems);
-    });
-    GPULAB_CHECK_LAUNCH();
+    if (B.shortcut >= 0) m.conv_forward(m.convs[B.shortcut], training, s);  // the last conv adds its output
+    for (int c : B.convs) m.conv_forward(m.convs[c], training, s);        // the last writes B.y
   }
   const Block& last = m.blocks.back();
   const int N = m.opt.batch, C = m.layout.features, K = m.layout.classes;
@@ -607,23 +679,14 @@ void ResNet::backward(const int32_t* labels, float loss_weight, bool accumulate,
   GPULAB_CHECK_LAUNCH();
   for (auto it = m.blocks.rbegin(); it != m.blocks.rend(); ++it) {
     Block& B = *it;
-    m.dispatch([&]<class T>() {
-      masked_copy_kernel<T><<<blocks_for(B.elems), kThreads, 0, s>>>(
-          reinterpret_cast<const T*>(B.y.get()), reinterpret_cast<const T*>(B.dy.get()),
-          reinterpret_cast<T*>(B.d_sum.get()), B.elems);
-    });
-    GPULAB_CHECK_LAUNCH();
-    for (auto c = B.convs.rbegin(); c != B.convs.rend(); ++c) m.conv_backward(m.convs[*c], accumulate, 0.f, s);
-    if (B.shortcut >= 0) {
-      m.conv_backward(m.convs[B.shortcut], accumulate, 1.f, s);
-    } else {
-      const int64_t n = B.elems;  // identity: the input has the output's shape
-      m.dispatch([&]<class T>() {
-        add_into_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<T*>(B.d_in),
-                                                              reinterpret_cast<const T*>(B.d_sum.get()), n);
-      });
-      GPULAB_CHECK_LAUNCH();
+    // The last conv's backward (first here) writes the shortcut's gradient: for an identity that is
+    // the block input's gradient, onto which the first conv adds; for a projection its d_out, and
+    // the projection then adds onto the first conv's input gradient.
+    for (auto c = B.convs.rbegin(); c != B.convs.rend(); ++c) {
+      const bool onto_identity = B.shortcut < 0 && *c == B.convs.front();
+      m.conv_backward(m.convs[*c], accumulate, onto_identity ? 1.f : 0.f, s);
     }
+    if (B.shortcut >= 0) m.conv_backward(m.convs[B.shortcut], accumulate, 1.f, s);
   }
   ConvLayer& stem = m.convs[0];
   const float one = 1.f, zero = 0.f;
@@ -668,6 +731,8 @@ void ResNet::set_batchnorm_sync(SumOverRanks sum_over_ranks, int world) {
   m.bn_scratch = core::DeviceBuffer<double>(2 * size_t(widest));
   m.bn_sum = std::move(sum_over_ranks);
   m.bn_world = world;
+  m.bn_fused = false;  // our synchronised BatchNorm, then our ReLU and add kernels
+  core::log_debug("training batch norm: synchronised over ", world, " ranks, separate ReLU and add kernels");
 }
 const float* ResNet::logits() const { return impl_->logits.get(); }
 float* ResNet::params() { return impl_->params.get(); }
@@ -709,6 +774,7 @@ std::vector<RunningStats> ResNet::running_stats() {
 }
 
 int64_t ResNet::batches_tracked() const { return impl_->batches_tracked; }
+bool ResNet::fused_bn_activation() const { return impl_->bn_fused; }
 void ResNet::set_batches_tracked(int64_t n) { impl_->batches_tracked = n; }
 
 }  // namespace gpulab::train

@@ -31,6 +31,9 @@ struct ModelOptions {
   // Only cuDNN algorithms that give the same bits every run (and deterministic max-pool
   // backward), so that a run, or a resumed run, repeats exactly.
   bool deterministic = false;
+  // Training folds each ReLU, and each block's residual add, into cuDNN's batch norm where cuDNN
+  // offers that (fp16, not deterministic); false keeps separate ReLU and add kernels everywhere.
+  bool fuse_bn_activation = true;
 };
 
 // One BatchNorm's running statistics: device fp32, `channels` each.
@@ -85,6 +88,10 @@ class ResNet {
   int64_t batches_tracked() const;
   void set_batches_tracked(int64_t n);
   const ModelOptions& options() const;
+  // Whether training batch norm runs with the ReLU and residual add fused into cuDNN's calls
+  // (ModelOptions::fuse_bn_activation, where cuDNN takes every layer; off after
+  // set_batchnorm_sync).
+  bool fused_bn_activation() const;
 
  private:
   struct Impl;

@@ -1,5 +1,6 @@
 // The cuDNN ResNet: gradients against finite differences, the loss head against hand-computed
-// values, gradient accumulation, low-precision forward against fp32, and loss going down.
+// values, gradient accumulation, low-precision forward against fp32, loss going down, and batch
+// norm with the ReLU and residual add fused (cuDNN) against the separate kernels.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -7,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "common/gpu.h"
 #include "core/dtype.h"
@@ -293,4 +296,125 @@ TEST(ResNetGpu, LossAndBiasGradientMatchCpuFromTheLogits) {
   net.score(b.labels.get(), s);
   EXPECT_NEAR(net.last_loss(s), loss / o.batch, 1e-5 * std::max(1.0, loss / o.batch));
   EXPECT_EQ(download(net.grads(), size_t(net.param_count()), s), grads_before);
+}
+
+namespace {
+
+// A few SGD steps on one batch: the loss of each step, the weights before, after the first step
+// and after the last, and the BN running statistics at the end.
+struct FixedBatchRun {
+  bool fused = false;
+  std::vector<float> losses, init, after_first, after_last, running;
+};
+
+FixedBatchRun train_on_batch(const ModelOptions& o, const Batch& b, int steps, cudaStream_t s) {
+  ResNet net(o);
+  OptimizerConfig cfg;
+  cfg.kind = OptimizerKind::sgd;
+  cfg.momentum = 0.9f;
+  cfg.weight_decay = 0.f;  // the first update is then the gradient alone
+  Optimizer opt(cfg, net.optimizer_params(), o.dtype);
+  // fp16 gradients scaled up out of the subnormals, as a loss scaler would; the learning rate
+  // takes the scale back out of the fp32 update.
+  const float scale = 128.f;
+  FixedBatchRun run;
+  run.fused = net.fused_bn_activation();
+  run.init = download(net.params(), size_t(net.param_count()), s);
+  for (int step = 0; step < steps; ++step) {
+    net.forward(b.images.get(), true, s);
+    net.backward(b.labels.get(), scale, false, nullptr, s);
+    opt.step(0.05f / scale, nullptr, s);
+    run.losses.push_back(net.last_loss(s));
+    if (step == 0) run.after_first = download(net.params(), size_t(net.param_count()), s);
+  }
+  run.after_last = download(net.params(), size_t(net.param_count()), s);
+  for (const RunningStats& r : net.running_stats())
+    for (const float* p : {r.mean, r.var}) {
+      const auto h = download(p, size_t(r.channels), s);
+      run.running.insert(run.running.end(), h.begin(), h.end());
+    }
+  return run;
+}
+
+// |a - ref| / |ref - from| in L2: how far `a` is from `ref`, relative to how far training moved
+// `ref` (from = the initial weights), or relative to |ref| (from empty). Infinite if `a` is not finite.
+double relative_l2(const std::vector<float>& a, const std::vector<float>& ref, const std::vector<float>& from = {}) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff += std::pow(double(a[i]) - ref[i], 2);
+    norm += std::pow(double(ref[i]) - (from.empty() ? 0.0 : from[i]), 2);
+  }
+  return std::sqrt(diff / norm);
+}
+
+}  // namespace
+
+// The fused path (cuDNN's BN_ACTIVATION and BN_ADD_ACTIVATION, which also write the residual's
+// gradient) against the separate ReLU, add and mask kernels, from the same weights and batch, for
+// basic blocks and bottlenecks, identity and projection shortcuts. They differ by fp16 rounding
+// (the fused add rounds once; each model measures its own conv algorithms, which may differ); a
+// wrong ReLU mask, a lost shortcut gradient or a misplaced accumulation changes the update by
+// order 1.
+TEST(ResNetGpu, FusedBatchNormActivationTrainsAsTheSeparateKernels) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const uint32_t seed = std::random_device{}();
+  for (const int depth : {18, 50}) {
+    SCOPED_TRACE("ResNet-" + std::to_string(depth));
+    ModelOptions fused_opt = tiny(core::DType::f16, 16);
+    fused_opt.net.depth = depth;
+    fused_opt.batch = 16;  // BN over 16 x 2 x 2 values per channel at layer4: a well-conditioned gradient
+    fused_opt.image_size = 64;
+    ModelOptions plain_opt = fused_opt;
+    plain_opt.fuse_bn_activation = false;
+    const Batch b = random_batch(fused_opt, seed);
+    const int kSteps = 3;
+    const FixedBatchRun fused = train_on_batch(fused_opt, b, kSteps, s), plain = train_on_batch(plain_opt, b, kSteps, s);
+    std::printf("ResNet-%d fp16: batch norm %s\n", depth,
+                fused.fused ? "fused with ReLU and residual add (cuDNN)" : "NOT fused: cuDNN refused the fused ops");
+    ASSERT_TRUE(fused.fused) << "cuDNN documents BN_ACTIVATION and BN_ADD_ACTIVATION for NHWC fp16, persistent mode";
+    ASSERT_FALSE(plain.fused);
+    for (int k = 0; k < kSteps; ++k) {
+      std::printf("  step %d loss: fused %.5f, separate %.5f\n", k, fused.losses[size_t(k)], plain.losses[size_t(k)]);
+      EXPECT_NEAR(fused.losses[size_t(k)], plain.losses[size_t(k)], 2e-2 * std::abs(plain.losses[size_t(k)])) << "step " << k;
+    }
+    const double first = relative_l2(fused.after_first, plain.after_first, plain.init);
+    const double last = relative_l2(fused.after_last, plain.after_last, plain.init);
+    const double running = relative_l2(fused.running, plain.running);
+    std::printf("  update error after step 1: %.2e, after step %d: %.2e; running statistics: %.2e\n", first, kSteps,
+                last, running);
+    // One step: the difference of the two gradients over the gradient.
+    EXPECT_LT(first, 2e-2);
+    // Three steps on one batch amplify the first rounding differences but stay far from order 1.
+    EXPECT_LT(last, 5e-2);
+    // Running mean and variance: cuDNN's fused forward must update them as the plain one does.
+    EXPECT_LT(running, 1e-2);
+  }
+}
+
+// Only fp16 in cuDNN's persistent mode fuses; everything else, and a model asked not to, keeps the
+// separate kernels, and so does synchronised BatchNorm.
+TEST(ResNetGpu, FusedBatchNormActivationOnlyWhereCudnnDocumentsIt) {
+  GPULAB_REQUIRE_GPU();
+  struct Case {
+    core::DType dtype;
+    bool deterministic, fuse, expect;
+  };
+  for (const Case& c : {Case{core::DType::f16, false, true, true}, Case{core::DType::f16, true, true, false},
+                        Case{core::DType::f16, false, false, false}, Case{core::DType::bf16, false, true, false},
+                        Case{core::DType::f32, false, true, false}}) {
+    ModelOptions o = tiny(c.dtype);
+    o.deterministic = c.deterministic;
+    o.fuse_bn_activation = c.fuse;
+    ResNet net(o);
+    std::printf("%s%s%s: batch norm %s\n", std::string(core::dtype_name(c.dtype)).c_str(),
+                c.deterministic ? " deterministic" : "", c.fuse ? "" : " fusion off",
+                net.fused_bn_activation() ? "fused" : "separate");
+    EXPECT_EQ(net.fused_bn_activation(), c.expect) << core::dtype_name(c.dtype) << " deterministic " << c.deterministic
+                                                   << " fuse " << c.fuse;
+    if (!net.fused_bn_activation()) continue;
+    net.set_batchnorm_sync([](double*, size_t, cudaStream_t) {}, 1);
+    EXPECT_FALSE(net.fused_bn_activation()) << "synchronised BatchNorm runs our own kernels";
+  }
 }
