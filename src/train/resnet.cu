@@ -1,11 +1,13 @@
-// ResNet forward/backward: cuDNN convolutions (legacy API, algorithms from the v7 heuristics),
-// cuDNN BatchNorm, cuDNN max pooling, and small kernels for global average pooling, the loss,
+// ResNet forward/backward: cuDNN convolutions (legacy API, algorithms measured by cudnnFind*, or
+// the v7 heuristics' with --deterministic), cuDNN BatchNorm, cuDNN max pooling, and small kernels for global average pooling, the loss,
 // and ReLU and residual add wherever cuDNN's batch norm does not fuse them (Impl::bn_fused).
 // One conv+BN(+ReLU) is a ConvLayer; a block's last one also adds the shortcut before its ReLU.
 // Its buffers hold what backward needs.
 #include <algorithm>
 #include <cfloat>
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "blas/matmul.h"
 #include "core/dtype_dispatch.h"
@@ -223,6 +225,12 @@ struct ResNet::Impl {
   explicit Impl(const ModelOptions& o);
   ~Impl();
   void build_conv(ConvLayer& L, int in_h, int in_w);
+  // Convolution algorithms chosen so far, by shape: in, out, kernel, stride, pad, input h and w,
+  // whether the input gradient is computed.
+  using ConvShapeKey = std::tuple<int, int, int, int, int, int, int, bool>;
+  std::map<ConvShapeKey, std::tuple<cudnnConvolutionFwdAlgo_t, cudnnConvolutionBwdDataAlgo_t,
+                                    cudnnConvolutionBwdFilterAlgo_t>>
+      chosen_algos;
   void conv_forward(ConvLayer& L, bool training, cudaStream_t s);
   void conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s);
   SyncBatchNorm sync_bn(const ConvLayer& L) const {
@@ -483,29 +491,35 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnCreateTensorDescriptor(&L.bn_desc));
   GPULAB_CHECK(cudnnDeriveBNTensorDescriptor(L.bn_desc, L.y_desc, CUDNN_BATCHNORM_SPATIAL));
 
-  cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  cudnnConvolutionBwdDataAlgoPerf_t bwd_data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-  cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-  int got = 0;
-  // Runs compared bit for bit (--deterministic) need the same algorithms every time: heuristics
-  // there, whose choice does not depend on timing noise.
-  const bool measure = !opt.deterministic;
-  const auto find_fwd = measure ? cudnnFindConvolutionForwardAlgorithm : cudnnGetConvolutionForwardAlgorithm_v7;
-  const auto find_bwd_data =
-      measure ? cudnnFindConvolutionBackwardDataAlgorithm : cudnnGetConvolutionBackwardDataAlgorithm_v7;
-  const auto find_bwd_filter =
-      measure ? cudnnFindConvolutionBackwardFilterAlgorithm : cudnnGetConvolutionBackwardFilterAlgorithm_v7;
-  GPULAB_CHECK(find_fwd(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc,
-                                                      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
-  L.fwd = pick(fwd, got, opt.workspace_limit, strict, opt.deterministic, "forward");
-  if (L.d_in) {  // the stem needs no input gradient
-    GPULAB_CHECK(find_bwd_data(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc,
-                                                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data));
-    L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, opt.deterministic, "backward-data");
+  // Layers of one shape (most of a stage's blocks) share the choice: measuring is the slow part.
+  const ConvShapeKey key{s.in, s.out, s.kernel, s.stride, s.pad, in_h, in_w, L.d_in != nullptr};
+  if (const auto hit = chosen_algos.find(key); hit != chosen_algos.end()) {
+    std::tie(L.fwd, L.bwd_data, L.bwd_filter) = hit->second;
+  } else {
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t bwd_data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int got = 0;
+    // Runs compared bit for bit (--deterministic) need the same algorithms every time: heuristics
+    // there, whose choice does not depend on timing noise.
+    const bool measure = !opt.deterministic;
+    const auto find_fwd = measure ? cudnnFindConvolutionForwardAlgorithm : cudnnGetConvolutionForwardAlgorithm_v7;
+    const auto find_bwd_data =
+        measure ? cudnnFindConvolutionBackwardDataAlgorithm : cudnnGetConvolutionBackwardDataAlgorithm_v7;
+    const auto find_bwd_filter =
+        measure ? cudnnFindConvolutionBackwardFilterAlgorithm : cudnnGetConvolutionBackwardFilterAlgorithm_v7;
+    GPULAB_CHECK(find_fwd(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
+    L.fwd = pick(fwd, got, opt.workspace_limit, strict, opt.deterministic, "forward");
+    if (L.d_in) {  // the stem needs no input gradient
+      GPULAB_CHECK(find_bwd_data(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                 &got, bwd_data));
+      L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, opt.deterministic, "backward-data");
+    }
+    GPULAB_CHECK(find_bwd_filter(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc,
+                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter));
+    L.bwd_filter = pick(bwd_filter, got, opt.workspace_limit, strict, opt.deterministic, "backward-filter");
+    chosen_algos.emplace(key, std::tuple{L.fwd, L.bwd_data, L.bwd_filter});
   }
-  GPULAB_CHECK(find_bwd_filter(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc,
-                                                             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter));
-  L.bwd_filter = pick(bwd_filter, got, opt.workspace_limit, strict, opt.deterministic, "backward-filter");
 
   const size_t bytes = size_t(n) * c * h * w * elem;
   L.conv_out = core::DeviceBuffer<std::byte>(bytes);
