@@ -1,8 +1,8 @@
-// ResNet forward/backward: cuDNN convolutions (legacy API, algorithms measured by cudnnFind*, or
-// the v7 heuristics' with --deterministic), cuDNN BatchNorm, cuDNN max pooling, and small kernels for global average pooling, the loss,
-// and ReLU and residual add wherever cuDNN's batch norm does not fuse them (Impl::bn_fused).
-// One conv+BN(+ReLU) is a ConvLayer; a block's last one also adds the shortcut before its ReLU.
-// Its buffers hold what backward needs.
+// ResNet forward/backward: cuDNN convolutions (legacy API; algorithms measured by cudnnFind*,
+// or the v7 heuristics' choice with --deterministic), cuDNN BatchNorm, cuDNN max pooling, and
+// small kernels for global average pooling, the loss, and ReLU and residual add wherever cuDNN's
+// batch norm does not fuse them (Impl::bn_fused). One conv+BN(+ReLU) is a ConvLayer; a block's
+// last one also adds the shortcut before its ReLU. Its buffers hold what backward needs.
 #include <algorithm>
 #include <cfloat>
 #include <map>
