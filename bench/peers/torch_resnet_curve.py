@@ -11,6 +11,8 @@ curve to set beside gpulab's (bench/compare_curves.py).
              warmup per step (gpulab's LrSchedule), label smoothing 0.1
   eval       DIR/val: Resize(size * 256/224) + CenterCrop(size), top-1 and loss (gpulab's --eval)
 Writes gpulab's JSON schema with params.loss_curve (the loss of every step) and params.val.
+--save-init PATH writes the initial weights (torchvision names, safetensors) for
+`gpulab train --init-from PATH`: both sides then start from the same weights.
 
   gpulab dataset make /tmp/shapes --classes 12 --images 300 --val 50 --kind shapes
   python3 bench/peers/torch_resnet_curve.py --data /tmp/shapes --depth 18 --image-size 64 --batch 64 \\
@@ -64,6 +66,7 @@ def main():
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--save-init", help="write the initial weights here (safetensors, for gpulab --init-from)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
@@ -85,6 +88,9 @@ def main():
     classes = len(train.classes)
     fmt = torch.contiguous_format if args.precision == "fp32" else torch.channels_last
     model = getattr(torchvision.models, f"resnet{args.depth}")(num_classes=classes).cuda().to(memory_format=fmt)
+    if args.save_init:
+        from safetensors.torch import save_file
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, args.save_init)
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
     opt = torch.optim.SGD([{"params": decay, "weight_decay": args.weight_decay},
