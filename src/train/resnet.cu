@@ -244,13 +244,16 @@ struct ResNet::Impl {
 
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
-  // The persistent mode takes cuDNN's NHWC kernels for fp32 and fp16 (other types run as
-  // SPATIAL); both keep the same statistics, so inference uses SPATIAL. Its reductions are only
-  // documented deterministic for NCHW, so --deterministic keeps the general path. (Strict fp32
-  // with the general path trained ResNet-50 at 128 img/s on the H200. Its gradients were as far
-  // from float64 on the torchvision reference batch, 3 %, as torchvision's own fp32 ones, 2.5 %.)
+  // The persistent mode takes cuDNN's NHWC kernels for fp32 and fp16; both modes keep the same
+  // statistics, so inference uses SPATIAL. Its reductions are only documented deterministic for
+  // NCHW, so --deterministic keeps the general path, and so does bf16: on the H200, bf16 in the
+  // persistent mode with the GPU data pipeline (decode kernels on a second stream) did not finish
+  // a 150-step test in 100 s that took 3 s on the general path; cuDNN's semi-persistent NHWC
+  // kernels are known to stall behind concurrent kernels (pytorch/pytorch#80259, with NCCL). (Strict fp32 on the general path trained ResNet-50
+  // at 128 img/s on the H200; its gradients were no closer to float64 than in this mode.)
   cudnnBatchNormMode_t bn_mode() const {
-    return opt.deterministic ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    return opt.deterministic || opt.dtype == core::DType::bf16 ? CUDNN_BATCHNORM_SPATIAL
+                                                               : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   }
   // Batch norm goes through cuDNN's Ex entry points where cuDNN takes the layer: for NHWC they
   // run the NHWC kernels, where the plain ones took a generic path (7 ms a call on ResNet-50's
