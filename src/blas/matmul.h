@@ -41,8 +41,9 @@ struct Fp8Scales {
 // By default the algorithm is the heuristic's first choice. With autotuning on, the plan made by a
 // call outside stream capture asks the heuristic for up to `candidates` algorithms, runs each on
 // that call's own operands (into a scratch C when the call accumulates; one warm-up, then a few
-// timed back-to-back launches) and keeps the fastest: what a benchmark wants, at the cost of a synchronisation and
-// some dozens of extra products once per shape. Plans made before the switch keep their choice.
+// timed back-to-back launches) and keeps the fastest: what a benchmark wants, at the cost of a
+// synchronisation and some dozens of extra products once per shape. Plans made before the
+// switch keep their choice.
 class Blas {
  public:
   explicit Blas(size_t workspace_bytes = 32u << 20);

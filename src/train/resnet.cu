@@ -249,8 +249,9 @@ struct ResNet::Impl {
   // NCHW, so --deterministic keeps the general path, and so does bf16: on the H200, bf16 in the
   // persistent mode with the GPU data pipeline (decode kernels on a second stream) did not finish
   // a 150-step test in 100 s that took 3 s on the general path; cuDNN's semi-persistent NHWC
-  // kernels are known to stall behind concurrent kernels (pytorch/pytorch#80259, with NCCL). (Strict fp32 on the general path trained ResNet-50
-  // at 128 img/s on the H200; its gradients were no closer to float64 than in this mode.)
+  // kernels are known to stall behind concurrent kernels (pytorch/pytorch#80259, with NCCL).
+  // (Strict fp32 on the general path trained ResNet-50 at 128 img/s on the H200; its gradients
+  // were no closer to float64 than in this mode.)
   cudnnBatchNormMode_t bn_mode() const {
     return opt.deterministic || opt.dtype == core::DType::bf16 ? CUDNN_BATCHNORM_SPATIAL
                                                                : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;

@@ -134,26 +134,6 @@ struct LoadedModel {
   }
 };
 
-// Per tensor (those with weight decay only, when asked), the relative L2 of `got` against `want`
-// (packed parameter arrays), each checked against `tolerance` unless it is negative (print only);
-// the worst printed with its name.
-void worst_per_tensor(const ResNet& net, const std::vector<float>& got, const std::vector<float>& want,
-                      const std::string& what, double tolerance, bool decay_only = false) {
-  double worst = 0;
-  std::string worst_name;
-  int64_t off = 0;
-  for (const ParamSpec& p : net.param_specs()) {
-    off += p.count;
-    if (decay_only && !p.decay) continue;
-    const double e = rel_l2(got.data() + off - p.count, want.data() + off - p.count, size_t(p.count));
-    if (tolerance >= 0) {
-      EXPECT_LE(e, tolerance) << what << " " << p.name;
-    }
-    if (e > worst || std::isnan(e)) worst = e, worst_name = p.name;
-  }
-  std::printf("%s: worst relative L2 %.3g (%s)\n", what.c_str(), worst, worst_name.c_str());
-}
-
 // Per tensor, the relative L2 of `got` against `want` (packed parameter arrays).
 std::vector<double> per_tensor_errors(const ResNet& net, const std::vector<float>& got, const std::vector<float>& want) {
   std::vector<double> e;
@@ -163,6 +143,28 @@ std::vector<double> per_tensor_errors(const ResNet& net, const std::vector<float
     off += p.count;
   }
   return e;
+}
+
+// Per-tensor errors (those with weight decay only, when asked), each checked against `tolerance`
+// unless it is negative (print only); the worst printed with its name.
+void report_worst(const ResNet& net, const std::vector<double>& errors, const std::string& what, double tolerance,
+                  bool decay_only = false) {
+  double worst = 0;
+  std::string worst_name;
+  for (size_t t = 0; t < errors.size(); ++t) {
+    const ParamSpec& p = net.param_specs()[t];
+    if (decay_only && !p.decay) continue;
+    if (tolerance >= 0) {
+      EXPECT_LE(errors[t], tolerance) << what << " " << p.name;
+    }
+    if (errors[t] > worst || std::isnan(errors[t])) worst = errors[t], worst_name = p.name;
+  }
+  std::printf("%s: worst relative L2 %.3g (%s)\n", what.c_str(), worst, worst_name.c_str());
+}
+
+void worst_per_tensor(const ResNet& net, const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what, double tolerance, bool decay_only = false) {
+  report_worst(net, per_tensor_errors(net, got, want), what, tolerance, decay_only);
 }
 
 // Gradients of one forward and backward. The bar is relative L2 <= 1e-3 against
@@ -178,10 +180,10 @@ void compare_gradients(LoadedModel& run, const Reference& ref, const std::string
   ASSERT_TRUE(ref.file->find("grad64.fc.weight")) << "reference file without float64 gradients: rerun "
                                                      "tests/reference/torchvision_resnet50.py";
   const std::vector<float> exact = read_param_tensors(*ref.file, ref.layout, "grad64.");
-  worst_per_tensor(*run.net, torch32, exact, "torchvision fp32 gradients against float64", -1);
-  worst_per_tensor(*run.net, grads, exact, what + " gradients against float64", -1);
   const std::vector<double> ours = per_tensor_errors(*run.net, grads, exact);
   const std::vector<double> theirs = per_tensor_errors(*run.net, torch32, exact);
+  report_worst(*run.net, theirs, "torchvision fp32 gradients against float64", -1);
+  report_worst(*run.net, ours, what + " gradients against float64", -1);
   double worst_ratio = 0;
   for (size_t t = 0; t < ours.size(); ++t) {
     EXPECT_LE(ours[t], std::max(1e-3, 2 * theirs[t])) << what << " " << run.net->param_specs()[t].name;
