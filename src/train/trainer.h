@@ -40,6 +40,11 @@ struct TrainOptions {
   // Only deterministic cuDNN algorithms: a run, and a resumed run, repeat bit for bit.
   bool deterministic = false;
   DataParallelOptions parallel;  // --gpus N, or the ranks of a torchrun/mpirun/srun job
+  // Steps the host may issue beyond the last one reported (whose loss it has read), so the GPU
+  // never idles waiting for the host at a step boundary. 0: each step is read back before the
+  // next is issued (the old, synchronous loop; tests compare the two). Data parallel runs are
+  // synchronous whatever this says: every rank averages each step's loss on the host.
+  int report_lag = 2;
 };
 
 struct StepReport {
