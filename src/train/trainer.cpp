@@ -17,6 +17,7 @@
 #include "data/gpu_loader.h"
 #include "data/loader.h"
 #include "data/rng.h"
+#include "train/captured_graph.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
 
@@ -99,6 +100,7 @@ void evaluate(const TrainOptions& opt, core::DType dtype, ResNet& net, void* ima
 struct StepFigures {
   core::PinnedBuffer<float> row_loss;  // the last micro-batch's, per row
   core::PinnedBuffer<LossScaleState> scale{1};
+  core::PinnedBuffer<float> lr{1};  // --cuda-graph: the step's rate, uploaded before its replay
   core::Event done{cudaEventDisableTiming};
   StepReport report;  // step and lr, known when the step is issued
 };
@@ -141,6 +143,8 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   if (opt.resume && opt.checkpoint_dir.empty()) throw core::InputError("--resume needs --checkpoint DIR");
   if (opt.resume && !opt.init_from.empty()) throw core::InputError("--resume and --init-from exclude each other");
   if (opt.pipeline != "cpu" && opt.pipeline != "gpu") throw core::InputError("--pipeline must be cpu or gpu");
+  if (opt.cuda_graph && dp)
+    throw core::InputError("--cuda-graph is for single-GPU runs: leave it out with --gpus, or under torchrun/mpirun/srun");
   std::optional<data::ImageFolder> folder;
   std::optional<data::ImageFolder> gpu_folder;  // the GPU loader is made once the device is known
   int classes = opt.classes;
@@ -301,7 +305,42 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
     ++next_report;
     if (on_step) on_step(r);
   };
+  // The step's work; --cuda-graph captures the same calls. Micro-batch `micro` of the step:
+  auto micro_batch = [&](int micro) {
+    net.forward(images.get(), true, stream);
+    if (dp) dp->arm(micro == opt.accum - 1, stream);
+    net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
+  };
+  // Then the update, at a rate given on the host (float) or on the device (const float*).
+  auto update = [&](auto lr) {
+    if (dp) dp->finish(stream);
+    if (scaler) scaler->check_gradients(stream);
+    optimizer.step(lr, scale_state, stream);
+    if (scaler) scaler->update(stream);
+  };
+  // --cuda-graph: from the first step after the untimed ones (at least one eager step has made
+  // cuBLASLt's plans and loaded the kernels), each micro-batch is one replay (the first writes
+  // the gradients, later ones add to them) and the update another; the loaders still copy each
+  // batch into the fixed `images` and `labels` before its replay.
+  const int64_t graph_from = opt.cuda_graph ? std::max(untimed, start + 1) : opt.steps;
+  CapturedGraph micro_graph[2], update_graph;  // micro_graph[accumulate]
+  core::DeviceBuffer<float> lr_device(1);
+  auto capture_step = [&] {
+    const int64_t tracked = net.batches_tracked();  // forward counts; a capture runs nothing
+    try {
+      for (int micro = 0; micro < std::min(opt.accum, 2); ++micro)
+        micro_graph[micro].capture(stream, [&] { micro_batch(micro); });
+      update_graph.capture(stream, [&] { update(static_cast<const float*>(lr_device.get())); });
+    } catch (const core::Error& e) {
+      throw core::Error(std::string("--cuda-graph: ") + e.what() + "; run without --cuda-graph");
+    }
+    net.set_batches_tracked(tracked);
+  };
   for (int64_t step = start; step < opt.steps; ++step) {
+    if (step == graph_from) capture_step();  // before the clock starts: capturing runs nothing
+    StepFigures& f = ring[size_t(step % int64_t(ring.size()))];  // step - lag - 1, its last user, is reported
+    // The scale this step uses (only update, at its end, changes it).
+    if (scaler) scaler->copy_state(f.scale.get(), stream);
     if (step == untimed) {
       stream.synchronize();
       while (next_report < step) report_step();  // done already: their callbacks stay out of the timing
@@ -324,20 +363,23 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
         GPULAB_CHECK(cudaMemcpyAsync(labels.get(), b.labels, size_t(opt.batch) * sizeof(int32_t),
                                      cudaMemcpyDeviceToDevice, stream));
       }
-      net.forward(images.get(), true, stream);
-      if (dp) dp->arm(micro == opt.accum - 1, stream);
-      net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
+      if (step < graph_from) {
+        micro_batch(micro);
+      } else {
+        micro_graph[micro > 0].launch(stream);
+        net.set_batches_tracked(net.batches_tracked() + 1);
+      }
     }
-    if (dp) dp->finish(stream);
-    if (scaler) scaler->check_gradients(stream);
-    StepFigures& f = ring[size_t(step % int64_t(ring.size()))];  // step - lag - 1, its last user, is reported
     f.report = StepReport{};
     f.report.step = step;
     f.report.lr = schedule.at(step);
-    optimizer.step(float(f.report.lr), scale_state, stream);
-    if (scaler) {
-      scaler->copy_state(f.scale.get(), stream);  // the scale this step used
-      scaler->update(stream);
+    if (step < graph_from) {
+      update(float(f.report.lr));
+    } else {
+      *f.lr.get() = float(f.report.lr);
+      GPULAB_CHECK(cudaMemcpyAsync(lr_device.get(), f.lr.get(), sizeof(float), cudaMemcpyHostToDevice, stream));
+      update_graph.launch(stream);
+      ++report.graph_steps;
     }
     net.copy_row_losses(f.row_loss.get(), stream);
     f.done.record(stream);

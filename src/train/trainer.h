@@ -45,6 +45,8 @@ struct TrainOptions {
   // next is issued (the old, synchronous loop; tests compare the two). Data parallel runs are
   // synchronous whatever this says: every rank averages each step's loss on the host.
   int report_lag = 2;
+  // Replays each step from CUDA graphs captured after the untimed steps (single GPU only).
+  bool cuda_graph = false;
 };
 
 struct StepReport {
@@ -63,6 +65,7 @@ struct TrainReport {
   int32_t skipped_steps = 0;  // inf/NaN steps skipped by the loss scaler
   int64_t start_step = 0;  // > 0 when resumed
   int64_t checkpoints_written = 0;
+  int64_t graph_steps = 0;  // --cuda-graph: steps replayed from the captured graphs
   int64_t corrupt_skipped = 0;
   std::vector<std::string> corrupt_files;
   std::string decoder;  // the GPU pipeline's JPEG decoder; empty otherwise
