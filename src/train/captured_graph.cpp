@@ -28,6 +28,7 @@ void CapturedGraph::capture(cudaStream_t stream, const std::function<void()>& en
   GPULAB_CHECK(cudaGraphDestroy(graph));
   if (status != cudaSuccess) exec_ = nullptr;
   GPULAB_CHECK(status);
+  GPULAB_CHECK(cudaGraphUpload(exec_, stream));  // the first replay then costs what the others do
 }
 
 void CapturedGraph::launch(cudaStream_t stream) const { GPULAB_CHECK(cudaGraphLaunch(exec_, stream)); }

@@ -265,7 +265,9 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   const int lag = dp ? 0 : std::max(opt.report_lag, 0);
   std::vector<StepFigures> ring(size_t(lag) + 1);
   for (auto& f : ring) f.row_loss = core::PinnedBuffer<float>(size_t(opt.batch));
-  struct DrainOnExit {  // a throw leaves steps queued: their copies must land before the ring is freed
+  CapturedGraph micro_graph[2], update_graph;  // --cuda-graph (below); micro_graph[accumulate]
+  core::DeviceBuffer<float> lr_device(1);
+  struct DrainOnExit {  // a throw leaves steps queued: they must finish before what they use is freed
     cudaStream_t s;
     ~DrainOnExit() { GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(s)); }
   } drain_on_exit{stream};
@@ -323,8 +325,6 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   // the gradients, later ones add to them) and the update another; the loaders still copy each
   // batch into the fixed `images` and `labels` before its replay.
   const int64_t graph_from = opt.cuda_graph ? std::max(untimed, start + 1) : opt.steps;
-  CapturedGraph micro_graph[2], update_graph;  // micro_graph[accumulate]
-  core::DeviceBuffer<float> lr_device(1);
   auto capture_step = [&] {
     const int64_t tracked = net.batches_tracked();  // forward counts; a capture runs nothing
     try {
