@@ -72,6 +72,7 @@ int run_train(TrainCli& c) {
     std::cout << "validation: top-1 " << format_double(100 * r.val_top1, 2) << "% of " << r.val_images
               << " images, loss " << format_double(r.val_loss, 4) << "\n";
   if (!r.decoder.empty()) std::cout << "GPU pipeline, JPEG decode: " << r.decoder << "\n";
+  if (r.graph_steps) std::cout << r.graph_steps << " steps replayed from CUDA graphs\n";
   if (r.start_step) std::cout << "resumed at step " << r.start_step << " from " << o.checkpoint_dir << "\n";
   if (r.checkpoints_written) std::cout << r.checkpoints_written << " checkpoints written to " << o.checkpoint_dir << "\n";
   if (!o.export_path.empty()) std::cout << "weights exported to " << o.export_path << " (torchvision names)\n";
@@ -89,7 +90,7 @@ int run_train(TrainCli& c) {
                              {"corrupt_skipped", r.corrupt_skipped}, {"timed_images", r.timed_images},
                              {"timed_seconds", r.timed_seconds}, {"gpus", r.world},
                              {"untimed_steps", std::min<int64_t>(o.warmup_steps_untimed, o.steps - r.start_step - 1)},
-                             {"deterministic", o.deterministic}, {"first_step", r.start_step},
+                             {"deterministic", o.deterministic}, {"cuda_graph", o.cuda_graph}, {"graph_steps", r.graph_steps}, {"first_step", r.start_step},
                              {"loss_curve", loss_curve}};
     if (r.val_images) params["val"] = {{"images", r.val_images}, {"top1", r.val_top1}, {"loss", r.val_loss}};
     core::Result res{"train", name, "throughput", r.images_per_second, "img/s", std::nullopt, params};
@@ -161,6 +162,8 @@ void add_train_command(CLI::App& app, Runner& run) {
       ->excludes(resume);
   sub->add_option("--export", o.export_path, "After training, write the weights under torchvision names (safetensors)");
   sub->add_flag("--deterministic", o.deterministic, "Only deterministic cuDNN algorithms: runs repeat bit for bit");
+  sub->add_flag("--cuda-graph", o.cuda_graph,
+                "Replay each step from CUDA graphs captured after the untimed steps (one GPU; same bits as without)");
   sub->footer("Examples:\n  gpulab train --synthetic --precision fp16 --batch 256 --steps 100\n"
               "  gpulab dataset make /tmp/shapes --classes 12 --images 200 && \\\n"
               "  gpulab train --data /tmp/shapes --depth 18 --image-size 64 --batch 64 --steps 300 --lr 0.2 --warmup 20 --eval\n"

@@ -74,9 +74,13 @@ void LossScaler::update(cudaStream_t stream) {
 
 LossScaleState LossScaler::read(cudaStream_t stream) const {
   LossScaleState s;
-  GPULAB_CHECK(cudaMemcpyAsync(&s, state_, sizeof s, cudaMemcpyDeviceToHost, stream));
+  copy_state(&s, stream);
   GPULAB_CHECK(cudaStreamSynchronize(stream));
   return s;
+}
+
+void LossScaler::copy_state(LossScaleState* host, cudaStream_t stream) const {
+  GPULAB_CHECK(cudaMemcpyAsync(host, state_, sizeof *host, cudaMemcpyDeviceToHost, stream));
 }
 
 void LossScaler::load(const LossScaleState& state, cudaStream_t stream) {

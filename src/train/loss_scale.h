@@ -59,6 +59,8 @@ class LossScaler {
   void update(cudaStream_t stream);
   const LossScaleState* device_state() const { return state_; }
   LossScaleState read(cudaStream_t stream) const;  // synchronizes the stream
+  // Asynchronous: the state as of this point of `stream` into `host` (pinned: the copy never blocks).
+  void copy_state(LossScaleState* host, cudaStream_t stream) const;
   void load(const LossScaleState& state, cudaStream_t stream);  // a resumed run's; synchronizes
 
  private:

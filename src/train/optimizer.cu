@@ -13,6 +13,7 @@ namespace {
 
 using TensorDesc = Optimizer::TensorDesc;
 using Chunk = Optimizer::Chunk;
+using Lr = Optimizer::Lr;
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = Optimizer::kChunk;
 
@@ -83,11 +84,14 @@ __global__ void norms_kernel(const TensorDesc* tensors, const Chunk* chunks, flo
   }
 }
 
+__device__ float rate_of(Lr rate) { return rate.device ? *rate.device : rate.value; }
+
 template <class CopyT>
-__global__ void sgd_kernel(const TensorDesc* tensors, const Chunk* chunks, OptimizerConfig c, float lr,
+__global__ void sgd_kernel(const TensorDesc* tensors, const Chunk* chunks, OptimizerConfig c, Lr rate,
                            const LossScaleState* scaler) {
   const Control ctl = control(scaler);
   if (ctl.skip) return;
+  const float lr = rate_of(rate);
   const Range r = chunk_range(tensors, chunks);
   const float wd = r.t.decay ? c.weight_decay : 0.f;
   for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
@@ -104,10 +108,11 @@ __global__ void sgd_kernel(const TensorDesc* tensors, const Chunk* chunks, Optim
 
 template <class CopyT>
 __global__ void lars_kernel(const TensorDesc* tensors, const Chunk* chunks, const float* partials,
-                            OptimizerConfig c, float lr, const LossScaleState* scaler) {
+                            OptimizerConfig c, Lr rate, const LossScaleState* scaler) {
   const Control ctl = control(scaler);
   if (ctl.skip) return;
   const Range r = chunk_range(tensors, chunks);
+  const float lr = rate_of(rate);
   float scaled_lr = lr, wd = 0.f;
   if (r.t.decay) {
     wd = c.weight_decay;
@@ -153,10 +158,11 @@ __global__ void lamb_moments_kernel(const TensorDesc* tensors, const Chunk* chun
 
 template <class CopyT>
 __global__ void lamb_apply_kernel(const TensorDesc* tensors, const Chunk* chunks, const float* partials,
-                                  OptimizerConfig c, float lr, const LossScaleState* scaler) {
+                                  OptimizerConfig c, Lr rate, const LossScaleState* scaler) {
   const Control ctl = control(scaler);
   if (ctl.skip) return;
   const Range r = chunk_range(tensors, chunks);
+  const float lr = rate_of(rate);
   float ratio = lr;
   if (r.t.decay && c.weight_decay != 0.f) {
     const float p_norm = sqrtf(sum_partials(partials, r.t.first_chunk, r.t.num_chunks, 0));
@@ -208,7 +214,13 @@ Optimizer::Optimizer(OptimizerConfig cfg, std::vector<ParamTensor> params, core:
   GPULAB_CHECK(cudaDeviceSynchronize());
 }
 
-void Optimizer::step(float lr, const LossScaleState* scaler, cudaStream_t stream) {
+void Optimizer::step(float lr, const LossScaleState* scaler, cudaStream_t stream) { launch({lr, nullptr}, scaler, stream); }
+
+void Optimizer::step(const float* lr, const LossScaleState* scaler, cudaStream_t stream) {
+  launch({0.f, lr}, scaler, stream);
+}
+
+void Optimizer::launch(Lr lr, const LossScaleState* scaler, cudaStream_t stream) {
   const TensorDesc* t = tensors_.get();
   const Chunk* c = chunks_.get();
   float* partials = partials_.get();

@@ -58,6 +58,9 @@ class Optimizer {
   // One step at learning rate `lr`. `scaler` (device pointer, may be null): unscale by its scale,
   // skip when found_inf. For lamb the gradient buffers are overwritten with the update.
   void step(float lr, const LossScaleState* scaler, cudaStream_t stream);
+  // The same with the rate read on the device from `lr` (one float): a captured CUDA graph
+  // replays fixed arguments, so each replay's rate is uploaded there before it.
+  void step(const float* lr, const LossScaleState* scaler, cudaStream_t stream);
   int32_t steps_taken(cudaStream_t stream) const;  // synchronizes
 
   // The whole state, for checkpoints: moment k (0: momentum / first moment, 1: lamb's second)
@@ -86,8 +89,15 @@ class Optimizer {
     int32_t index;  // elements [index * kChunk, min((index + 1) * kChunk, count))
   };
   static constexpr int64_t kChunk = 32768;
+  // A step's learning rate as the kernels take it: `device` when set, else `value`.
+  struct Lr {
+    float value;
+    const float* device;
+  };
 
  private:
+  void launch(Lr lr, const LossScaleState* scaler, cudaStream_t stream);
+
   OptimizerConfig cfg_;
   std::vector<ParamTensor> params_;
   core::DType copy_dtype_;

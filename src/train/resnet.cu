@@ -715,11 +715,19 @@ void ResNet::backward(const int32_t* labels, float loss_weight, bool accumulate,
 
 float ResNet::last_loss(cudaStream_t s, int rows) const {
   std::vector<float> h(size_t(impl_->opt.batch));
-  GPULAB_CHECK(cudaMemcpyAsync(h.data(), impl_->row_loss.get(), impl_->row_loss.bytes(), cudaMemcpyDeviceToHost, s));
+  copy_row_losses(h.data(), s);
   GPULAB_CHECK(cudaStreamSynchronize(s));
-  if (rows < 0 || rows > int(h.size())) rows = int(h.size());
+  return mean_loss(h.data(), impl_->opt.batch, rows);
+}
+
+void ResNet::copy_row_losses(float* host, cudaStream_t s) const {
+  GPULAB_CHECK(cudaMemcpyAsync(host, impl_->row_loss.get(), impl_->row_loss.bytes(), cudaMemcpyDeviceToHost, s));
+}
+
+float ResNet::mean_loss(const float* row_losses, int batch, int rows) {
+  if (rows < 0 || rows > batch) rows = batch;
   double sum = 0;
-  for (int i = 0; i < rows; ++i) sum += h[size_t(i)];
+  for (int i = 0; i < rows; ++i) sum += row_losses[i];
   return float(sum / double(std::max(rows, 1)));
 }
 

@@ -64,6 +64,10 @@ class ResNet {
   // After backward or score: mean loss and correct top-1 count over the first `rows` rows (all
   // when negative) of the batch (synchronizes the stream).
   float last_loss(cudaStream_t stream, int rows = -1) const;
+  // Asynchronous: the last backward's (or score's) per-row losses, batch floats, into `host`
+  // (pinned, so the copy never blocks); mean_loss then reduces them as last_loss does.
+  void copy_row_losses(float* host, cudaStream_t stream) const;
+  static float mean_loss(const float* row_losses, int batch, int rows = -1);
   int last_correct(cudaStream_t stream, int rows = -1) const;
   const float* logits() const;  // device, batch x classes, fp32 (after forward)
 

@@ -17,6 +17,7 @@
 #include "data/gpu_loader.h"
 #include "data/loader.h"
 #include "data/rng.h"
+#include "train/captured_graph.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
 
@@ -94,6 +95,16 @@ void evaluate(const TrainOptions& opt, core::DType dtype, ResNet& net, void* ima
   report.val_loss = loss_sum / double(n);
 }
 
+// One step's figures on their way to the host: copied into pinned memory behind the step's
+// work, read once `done` has completed.
+struct StepFigures {
+  core::PinnedBuffer<float> row_loss;  // the last micro-batch's, per row
+  core::PinnedBuffer<LossScaleState> scale{1};
+  core::PinnedBuffer<float> lr{1};  // --cuda-graph: the step's rate, uploaded before its replay
+  core::Event done{cudaEventDisableTiming};
+  StepReport report;  // step and lr, known when the step is issued
+};
+
 constexpr const char* kOptimizerNames[] = {"sgd", "lars", "lamb"};  // OptimizerKind order
 constexpr const char* kScheduleNames[] = {"cosine", "poly", "step"};  // ScheduleKind order
 
@@ -132,6 +143,8 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   if (opt.resume && opt.checkpoint_dir.empty()) throw core::InputError("--resume needs --checkpoint DIR");
   if (opt.resume && !opt.init_from.empty()) throw core::InputError("--resume and --init-from exclude each other");
   if (opt.pipeline != "cpu" && opt.pipeline != "gpu") throw core::InputError("--pipeline must be cpu or gpu");
+  if (opt.cuda_graph && dp)
+    throw core::InputError("--cuda-graph is for single-GPU runs: leave it out with --gpus, or under torchrun/mpirun/srun");
   std::optional<data::ImageFolder> folder;
   std::optional<data::ImageFolder> gpu_folder;  // the GPU loader is made once the device is known
   int classes = opt.classes;
@@ -242,9 +255,95 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   Clock::time_point timed_start;
   Clock::duration untimed_pauses{};  // checkpoint writing
   const int64_t untimed = start + std::min<int64_t>(opt.warmup_steps_untimed, opt.steps - start - 1);
+  auto checkpoint_due = [&](int64_t step) {
+    return rank0 && !opt.checkpoint_dir.empty() && ((step + 1) % checkpoint_every == 0 || step + 1 == opt.steps);
+  };
+  // Each issued step's loss and loss scale come back through a slot of this ring, so the host
+  // issues up to `lag` steps past the last one it reported and the GPU never idles at a step
+  // boundary. Data parallel stays synchronous: each rank averages each step's loss over the ranks
+  // on the host (mean_over_ranks) before the next step, as every rank must agree on it.
+  const int lag = dp ? 0 : std::max(opt.report_lag, 0);
+  std::vector<StepFigures> ring(size_t(lag) + 1);
+  for (auto& f : ring) f.row_loss = core::PinnedBuffer<float>(size_t(opt.batch));
+  CapturedGraph micro_graph[2], update_graph;  // --cuda-graph (below); micro_graph[accumulate]
+  core::DeviceBuffer<float> lr_device(1);
+  struct DrainOnExit {  // a throw leaves steps queued: they must finish before what they use is freed
+    cudaStream_t s;
+    ~DrainOnExit() { GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(s)); }
+  } drain_on_exit{stream};
+  int64_t next_report = start;
+  // Reports the oldest unreported step, in step order, once its copies have landed.
+  auto report_step = [&] {
+    StepFigures& f = ring[size_t(next_report % int64_t(ring.size()))];
+    if (dp) dp->wait(stream);  // the NCCL watchdog: a dead peer is an error, not a hang
+    else f.done.synchronize();
+    StepReport r = f.report;
+    r.loss_scale = scaler ? f.scale.get()->scale : 1.f;
+    r.loss = ResNet::mean_loss(f.row_loss.get(), opt.batch);  // of the last micro-batch
+    if (dp) r.loss = dp->mean_over_ranks(r.loss, stream);  // so every rank also agrees on a non-finite loss
+    // Found up to `lag` steps after it was computed (those are queued already); the step named is right.
+    if (!std::isfinite(r.loss) && !scaler) throw core::Error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(r.step) + "; lower --lr");
+    if (r.step == start) report.first_loss = r.loss;
+    report.last_loss = r.loss;
+    if (r.step >= untimed) {  // the clock stops once the step has completed on the GPU
+      const double seconds = std::chrono::duration<double>(Clock::now() - timed_start - untimed_pauses).count();
+      const int64_t images_done = (r.step - untimed + 1) * int64_t(opt.batch) * opt.accum * world;
+      r.images_per_second = seconds > 0 ? images_done / seconds : 0;
+      report.timed_images = images_done;
+      report.timed_seconds = seconds;
+      report.images_per_second = r.images_per_second;
+    }
+    // Before the report: a run stopped in on_step has its checkpoint. No later step is issued yet
+    // (the loop catches up before a checkpoint step), so it holds the state after step + 1 steps.
+    if (checkpoint_due(r.step)) {
+      const Clock::time_point t0 = Clock::now();
+      TrainState st = capture_training(net, optimizer, scaler.get(), stream);
+      st.step = r.step + 1;
+      st.recipe = run_recipe;
+      write_checkpoint(opt.checkpoint_dir, layout, st);
+      ++report.checkpoints_written;
+      if (r.step >= untimed) untimed_pauses += Clock::now() - t0;
+    }
+    ++next_report;
+    if (on_step) on_step(r);
+  };
+  // The step's work; --cuda-graph captures the same calls. Micro-batch `micro` of the step:
+  auto micro_batch = [&](int micro) {
+    net.forward(images.get(), true, stream);
+    if (dp) dp->arm(micro == opt.accum - 1, stream);
+    net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
+  };
+  // Then the update, at a rate given on the host (float) or on the device (const float*).
+  auto update = [&](auto lr) {
+    if (dp) dp->finish(stream);
+    if (scaler) scaler->check_gradients(stream);
+    optimizer.step(lr, scale_state, stream);
+    if (scaler) scaler->update(stream);
+  };
+  // --cuda-graph: from the first step after the untimed ones (at least one eager step has made
+  // cuBLASLt's plans and loaded the kernels), each micro-batch is one replay (the first writes
+  // the gradients, later ones add to them) and the update another; the loaders still copy each
+  // batch into the fixed `images` and `labels` before its replay.
+  const int64_t graph_from = opt.cuda_graph ? std::max(untimed, start + 1) : opt.steps;
+  auto capture_step = [&] {
+    const int64_t tracked = net.batches_tracked();  // forward counts; a capture runs nothing
+    try {
+      for (int micro = 0; micro < std::min(opt.accum, 2); ++micro)
+        micro_graph[micro].capture(stream, [&] { micro_batch(micro); });
+      update_graph.capture(stream, [&] { update(static_cast<const float*>(lr_device.get())); });
+    } catch (const core::Error& e) {
+      throw core::Error(std::string("--cuda-graph: ") + e.what() + "; run without --cuda-graph");
+    }
+    net.set_batches_tracked(tracked);
+  };
   for (int64_t step = start; step < opt.steps; ++step) {
+    if (step == graph_from) capture_step();  // before the clock starts: capturing runs nothing
+    StepFigures& f = ring[size_t(step % int64_t(ring.size()))];  // step - lag - 1, its last user, is reported
+    // The scale this step uses (only update, at its end, changes it).
+    if (scaler) scaler->copy_state(f.scale.get(), stream);
     if (step == untimed) {
       stream.synchronize();
+      while (next_report < step) report_step();  // done already: their callbacks stay out of the timing
       timed_start = Clock::now();
     }
     for (int micro = 0; micro < opt.accum; ++micro) {
@@ -257,50 +356,37 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
                                      cudaMemcpyHostToDevice, stream));
         copied.record(stream);
       } else if (gpu_loader) {  // a copy keeps `images` fixed for the network (and graph capture)
+        // The loader's slot is released in stream order by the next call: a queued step never
+        // sees it rewritten, however far the host runs ahead.
         const data::GpuBatch& b = gpu_loader->next(stream);
         GPULAB_CHECK(cudaMemcpyAsync(images.get(), b.images, image_bytes, cudaMemcpyDeviceToDevice, stream));
         GPULAB_CHECK(cudaMemcpyAsync(labels.get(), b.labels, size_t(opt.batch) * sizeof(int32_t),
                                      cudaMemcpyDeviceToDevice, stream));
       }
-      net.forward(images.get(), true, stream);
-      if (dp) dp->arm(micro == opt.accum - 1, stream);
-      net.backward(labels.get(), 1.f / float(opt.accum), micro > 0, scale_state, stream);
+      if (step < graph_from) {
+        micro_batch(micro);
+      } else {
+        micro_graph[micro > 0].launch(stream);
+        net.set_batches_tracked(net.batches_tracked() + 1);
+      }
     }
-    if (dp) dp->finish(stream);
-    if (scaler) scaler->check_gradients(stream);
-    const double lr = schedule.at(step);
-    optimizer.step(float(lr), scale_state, stream);
-    StepReport r;
-    r.step = step;
-    r.lr = lr;
-    if (dp) dp->wait(stream);  // the NCCL watchdog: a dead peer is an error, not a hang
-    r.loss_scale = scaler ? scaler->read(stream).scale : 1.f;
-    if (scaler) scaler->update(stream);
-    r.loss = net.last_loss(stream);  // of the last micro-batch
-    if (dp) r.loss = dp->mean_over_ranks(r.loss, stream);  // so every rank also agrees on a non-finite loss
-    if (!std::isfinite(r.loss) && !scaler) throw core::Error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(step) + "; lower --lr");
-    if (step == start) report.first_loss = r.loss;
-    report.last_loss = r.loss;
-    if (step >= untimed) {
-      const double seconds = std::chrono::duration<double>(Clock::now() - timed_start - untimed_pauses).count();
-      const int64_t images_done = (step - untimed + 1) * int64_t(opt.batch) * opt.accum * world;
-      r.images_per_second = seconds > 0 ? images_done / seconds : 0;
-      report.timed_images = images_done;
-      report.timed_seconds = seconds;
-      report.images_per_second = r.images_per_second;
+    f.report = StepReport{};
+    f.report.step = step;
+    f.report.lr = schedule.at(step);
+    if (step < graph_from) {
+      update(float(f.report.lr));
+    } else {
+      *f.lr.get() = float(f.report.lr);
+      GPULAB_CHECK(cudaMemcpyAsync(lr_device.get(), f.lr.get(), sizeof(float), cudaMemcpyHostToDevice, stream));
+      update_graph.launch(stream);
+      ++report.graph_steps;
     }
-    // Before the report: a run stopped in on_step has its checkpoint.
-    if (rank0 && !opt.checkpoint_dir.empty() && ((step + 1) % checkpoint_every == 0 || step + 1 == opt.steps)) {
-      const Clock::time_point t0 = Clock::now();
-      TrainState st = capture_training(net, optimizer, scaler.get(), stream);
-      st.step = step + 1;
-      st.recipe = run_recipe;
-      write_checkpoint(opt.checkpoint_dir, layout, st);
-      ++report.checkpoints_written;
-      if (step >= untimed) untimed_pauses += Clock::now() - t0;
-    }
-    if (on_step) on_step(r);
+    net.copy_row_losses(f.row_loss.get(), stream);
+    f.done.record(stream);
+    const int64_t ahead = checkpoint_due(step) ? 0 : lag;
+    while (next_report + ahead <= step) report_step();
   }
+  while (next_report < opt.steps) report_step();
   stream.synchronize();
   if (scaler) report.skipped_steps = scaler->read(stream).skipped_steps;
   if (loader) {

@@ -40,6 +40,13 @@ struct TrainOptions {
   // Only deterministic cuDNN algorithms: a run, and a resumed run, repeat bit for bit.
   bool deterministic = false;
   DataParallelOptions parallel;  // --gpus N, or the ranks of a torchrun/mpirun/srun job
+  // Steps the host may issue beyond the last one reported (whose loss it has read), so the GPU
+  // never idles waiting for the host at a step boundary. 0: each step is read back before the
+  // next is issued (the old, synchronous loop; tests compare the two). Data parallel runs are
+  // synchronous whatever this says: every rank averages each step's loss on the host.
+  int report_lag = 2;
+  // Replays each step from CUDA graphs captured after the untimed steps (single GPU only).
+  bool cuda_graph = false;
 };
 
 struct StepReport {
@@ -58,6 +65,7 @@ struct TrainReport {
   int32_t skipped_steps = 0;  // inf/NaN steps skipped by the loss scaler
   int64_t start_step = 0;  // > 0 when resumed
   int64_t checkpoints_written = 0;
+  int64_t graph_steps = 0;  // --cuda-graph: steps replayed from the captured graphs
   int64_t corrupt_skipped = 0;
   std::vector<std::string> corrupt_files;
   std::string decoder;  // the GPU pipeline's JPEG decoder; empty otherwise

@@ -19,14 +19,10 @@
 using namespace gpulab;
 using namespace gpulab::train;
 using fixtures::temp_dir;
+using fixtures::file_bytes;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
 
 TrainOptions tiny_run(const std::string& precision, OptimizerKind kind) {
   TrainOptions o = fixtures::tiny_run();

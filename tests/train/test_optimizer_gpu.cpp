@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "common/gpu.h"
@@ -239,5 +240,56 @@ TEST(LossScalerGpu, DeviceUpdateMatchesReferenceOverARandomRun) {
     ASSERT_EQ(s.growth_tracker, ref.state().growth_tracker) << "step " << step;
     ASSERT_EQ(s.skipped_steps, ref.state().skipped_steps) << "step " << step;
     ASSERT_EQ(s.found_inf, 0);
+  }
+}
+
+TEST(OptimizerGpu, RateFromDeviceMemoryStepsAsTheHostRate) {
+  // step(const float*) (CUDA graph replays) against step(float): the same bits, every optimizer,
+  // over steps whose rate changes (a rate read once, or from the wrong place, would show).
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 gen(std::random_device{}());
+  std::normal_distribution<float> normal(0.f, 1.f);
+  core::Stream stream;
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<DeviceTensor> dev[2];
+    std::vector<ParamTensor> params[2];
+    std::vector<std::vector<float>> initial;
+    for (const auto& [n, decay] : kShapes) {
+      std::vector<float> p(static_cast<size_t>(n));
+      for (auto& v : p) v = 0.1f * normal(gen);
+      initial.push_back(p);
+      for (int k = 0; k < 2; ++k) {
+        DeviceTensor d{core::DeviceBuffer<float>(n), core::DeviceBuffer<float>(n), core::DeviceBuffer<uint16_t>(n)};
+        upload(d.param.get(), p, stream);
+        params[k].push_back({d.param.get(), d.grad.get(), n, decay, d.copy.get()});
+        dev[k].push_back(std::move(d));
+      }
+    }
+    Optimizer host_rate(c.cfg, params[0], core::DType::f16), device_rate(c.cfg, params[1], core::DType::f16);
+    core::DeviceBuffer<float> lr(1);
+    for (int step = 1; step <= 3; ++step) {
+      for (size_t t = 0; t < initial.size(); ++t) {
+        std::vector<float> g(initial[t].size());
+        for (auto& v : g) v = normal(gen);
+        upload(dev[0][t].grad.get(), g, stream);
+        upload(dev[1][t].grad.get(), g, stream);
+      }
+      const float rate = 0.05f * float(step) + 0.013f;
+      upload(lr.get(), {rate}, stream);
+      host_rate.step(rate, nullptr, stream);
+      device_rate.step(static_cast<const float*>(lr.get()), nullptr, stream);
+    }
+    for (size_t t = 0; t < initial.size(); ++t) {
+      SCOPED_TRACE("tensor " + std::to_string(t));
+      const size_t n = initial[t].size();
+      const auto a = download(dev[0][t].param.get(), n, stream), b = download(dev[1][t].param.get(), n, stream);
+      EXPECT_NE(a, initial[t]) << "no step was taken";
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), n * 4), 0) << "params differ";
+      EXPECT_EQ(std::memcmp(download(host_rate.state(t), n, stream).data(), download(device_rate.state(t), n, stream).data(),
+                            n * 4),
+                0)
+          << "moments differ";
+    }
   }
 }

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "train/trainer.h"
@@ -30,6 +32,12 @@ inline std::filesystem::path temp_dir(const std::string& tag) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
+}
+
+// A whole file's bytes (empty when it is missing): runs compared bit for bit.
+inline std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
 }
 
 }  // namespace gpulab::train::fixtures
