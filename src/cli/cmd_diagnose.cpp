@@ -11,6 +11,7 @@
 #include "trace/collect.h"
 #include "trace/report.h"
 #include "trace/rules.h"
+#include "trace/window.h"
 
 namespace gpulab::cli {
 
@@ -24,6 +25,7 @@ struct DiagnoseOptions {
   double duration_s = 0;
   std::string json_file;
   std::string html_file;
+  std::string capture_range;
   std::vector<std::string> thresholds;
   std::vector<std::string> command;
 };
@@ -56,13 +58,16 @@ int run_diagnose(const DiagnoseOptions& opt) {
     if (exit_code != 0) core::log_warn("diagnose: ", opt.command[0], " exited with status ", exit_code);
   }
 
-  const trace::Report report = trace::analyze(t, thresholds);
-  trace::print_report(std::cout, report);
+  // The Perfetto trace keeps everything, also when the analysis looks at a window of it.
   if (!out_dir.empty()) {
     fs::create_directories(out_dir);
     core::write_file_atomic(out_dir / "trace.json", trace::chrome_trace_json(t));
-    std::cout << "Trace for Perfetto (ui.perfetto.dev) or chrome://tracing: " << (out_dir / "trace.json").string() << "\n";
   }
+  if (!opt.capture_range.empty()) t = trace::clip_to_window(t, trace::capture_window(t, opt.capture_range));
+  const trace::Report report = trace::analyze(t, thresholds);
+  trace::print_report(std::cout, report);
+  if (!out_dir.empty())
+    std::cout << "Trace for Perfetto (ui.perfetto.dev) or chrome://tracing: " << (out_dir / "trace.json").string() << "\n";
   if (!opt.json_file.empty()) core::write_file_atomic(opt.json_file, trace::report_json(report).dump(2) + "\n");
   if (!opt.html_file.empty()) core::write_file_atomic(opt.html_file, trace::report_html(t, report));
   return exit_code;
@@ -81,6 +86,9 @@ void add_diagnose_command(CLI::App& app, Runner& run) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--json", opt->json_file, "Write the findings and summary as JSON");
   sub->add_option("--html", opt->html_file, "Write an HTML report with utilization and per-stream timeline SVGs");
+  sub->add_option("--capture-range", opt->capture_range,
+                  "Analyse only from the start of the first NVTX range (or PyTorch record_function range) of "
+                  "this name to the end of the last one, e.g. gpulab:train:timed; trace.json keeps everything");
   sub->add_option("--threshold", opt->thresholds, "Override a rule threshold: rule.key=value (see docs/diagnose.md)")
       ->allow_extra_args(false);  // one value per --threshold, so a program name is not taken for one
   sub->add_option("command", opt->command, "The program and its arguments, after --");
@@ -89,6 +97,7 @@ void add_diagnose_command(CLI::App& app, Runner& run) {
   sub->footer("Examples:\n  gpulab diagnose -- python train.py --epochs 1\n"
               "  gpulab diagnose --duration 30 --html report.html -- ./my_app\n"
               "  gpulab diagnose --trace profiler_trace.json --json findings.json\n"
+              "  gpulab diagnose --capture-range gpulab:train:timed -- gpulab train --synthetic --steps 60\n"
               "Rules:" + rules + " (thresholds: docs/diagnose.md).\n"
               "When running a program, gpulab exits with the program's exit status.");
   sub->callback([&run, opt] { run = [opt] { return run_diagnose(*opt); }; });

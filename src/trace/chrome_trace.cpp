@@ -376,6 +376,17 @@ Trace parse_events(const json& doc, const std::string& source) {
       c.correlation = r.arg_int("correlation", 0);
       c.driver = cat == "cuda_driver";
       t.api_calls.push_back(std::move(c));
+    } else if (cat == "user_annotation" || cat == "gpu_user_annotation") {
+      NvtxRange g;
+      const auto s = r.span(base);
+      if (!s) continue;
+      std::tie(g.start_ns, g.end_ns) = *s;
+      g.name = r.name();
+      g.gpu = cat == "gpu_user_annotation";
+      g.device = g.gpu ? int(r.arg_int("device", r.top_int("pid", 0))) : 0;
+      g.thread = g.gpu ? r.arg_int("stream", r.top_int("tid", 0)) : r.top_int("tid", 0);
+      if (const json* d = r.arg("domain"); d && d->is_string()) g.domain = d->get<std::string>();
+      t.ranges.push_back(std::move(g));
     } else if (cat == "gpulab_um") {
       UmEvent u;
       const auto kind = parse_um_kind(r.name());
@@ -428,15 +439,7 @@ Trace read_chrome_trace(const std::filesystem::path& path) {
 }
 
 std::string chrome_trace_json(const Trace& t) {
-  int64_t origin = std::numeric_limits<int64_t>::max();
-  const auto see = [&](int64_t ns) { origin = std::min(origin, ns); };
-  for (const auto& k : t.kernels) see(k.start_ns);
-  for (const auto& m : t.memcpys) see(m.start_ns);
-  for (const auto& m : t.memsets) see(m.start_ns);
-  for (const auto& c : t.api_calls) see(c.start_ns);
-  for (const auto& u : t.um_events) see(u.start_ns);
-  for (const auto& s : t.samples) see(s.time_ns);
-  if (origin == std::numeric_limits<int64_t>::max()) origin = 0;
+  const int64_t origin = t.first_time_ns();
 
   json events = json::array();
   const auto x_event = [&](const std::string& cat, const std::string& name, int64_t pid, int64_t tid,
@@ -449,6 +452,16 @@ std::string chrome_trace_json(const Trace& t) {
     x_event(c.driver ? "cuda_driver" : "cuda_runtime", c.name, kHostPid, c.thread, c.start_ns, c.end_ns,
             {{"correlation", c.correlation}});
     if (c.correlation != 0 && (!launches.count(c.correlation) || !c.driver)) launches[c.correlation] = &c;
+  }
+  for (const auto& r : t.ranges) {
+    json args = json::object();
+    if (!r.domain.empty()) args["domain"] = r.domain;
+    if (r.gpu) {
+      args["device"] = r.device;
+      args["stream"] = r.thread;
+    }
+    x_event(r.gpu ? "gpu_user_annotation" : "user_annotation", r.name, r.gpu ? r.device : kHostPid, r.thread,
+            r.start_ns, r.end_ns, std::move(args));
   }
   const auto flow = [&](const GpuActivity& a) {
     const auto it = launches.find(a.correlation);

@@ -1,7 +1,8 @@
 // Chrome-trace JSON (the format Perfetto and chrome://tracing open) in the layout the PyTorch
 // profiler (Kineto) writes: "X" events with categories kernel, gpu_memcpy, gpu_memset,
-// cuda_runtime, cuda_driver, cpu_op; "ac2g" flow events from launch to GPU work; device
-// properties at the top. gpulab adds unified-memory events (cat "gpulab_um"), NVML counters
+// cuda_runtime, cuda_driver, cpu_op, user_annotation (NVTX / record_function ranges on a host
+// thread) and gpu_user_annotation (their projection onto a stream); "ac2g" flow events from launch
+// to GPU work; device properties at the top. gpulab adds unified-memory events (cat "gpulab_um"), NVML counters
 // (cat "gpulab_nvml") and a "gpulab" object (dropped records, UM counter status).
 #pragma once
 

@@ -54,6 +54,7 @@ TracedRun run_traced(const std::vector<std::string>& command, const fs::path& ou
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
     setenv("CUDA_INJECTION64_PATH", lib.c_str(), 1);
+    setenv("NVTX_INJECTION64_PATH", lib.c_str(), 1);  // NVTX ranges, forwarded to CUPTI (inject.cpp)
     setenv(kEnvOutDir, fs::absolute(out_dir).c_str(), 1);
     if (duration_s > 0) setenv(kEnvDuration, std::to_string(duration_s).c_str(), 1);
     std::vector<char*> argv;
@@ -93,6 +94,7 @@ Trace merge_traces(const std::vector<fs::path>& files) {
     for (auto& c : t.api_calls) shift(c.correlation), out.api_calls.push_back(std::move(c));
     out.um_events.insert(out.um_events.end(), t.um_events.begin(), t.um_events.end());
     out.samples.insert(out.samples.end(), t.samples.begin(), t.samples.end());
+    out.ranges.insert(out.ranges.end(), t.ranges.begin(), t.ranges.end());
     for (auto& [id, d] : t.devices) out.devices[id] = d;
     out.dropped_records += t.dropped_records;
     out.um_counters_enabled = out.um_counters_enabled || t.um_counters_enabled;

@@ -131,6 +131,11 @@ void print_report(std::ostream& out, const Report& report) {
       << " ms (" << fixed(s.value("gpu_busy_percent", 0.0), 1) << "%); " << s.value("kernels", 0) << " kernels, "
       << s.value("memcpys", 0) << " copies, " << s.value("memsets", 0) << " memsets, " << s.value("api_calls", 0)
       << " API calls\n";
+  if (const auto w = s.find("window"); w != s.end())
+    out << "  analysed window (--capture-range " << w->value("capture_range", std::string()) << "): "
+        << fixed(w->value("start_ms", 0.0), 3) << " to " << fixed(w->value("end_ms", 0.0), 3)
+        << " ms of the trace, first start to last end of " << w->value("occurrences", int64_t(0))
+        << " ranges of that name\n";
   if (s.value("dropped_records", int64_t(0)) > 0)
     out << "  warning: CUPTI dropped " << s["dropped_records"].get<int64_t>()
         << " records; the figures below undercount\n";

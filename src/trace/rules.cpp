@@ -760,6 +760,15 @@ Report Analyzer::run() {
                {"nvml_samples", t_.samples.size()},
                {"dropped_records", t_.dropped_records},
                {"devices", devices}};
+  r.summary["nvtx_ranges"] = t_.ranges.size();
+  if (t_.window) {
+    const AnalysisWindow& w = *t_.window;
+    r.summary["window"] = {{"capture_range", w.range},
+                           {"occurrences", w.occurrences},
+                           {"start_ms", ms(w.start_ns - w.trace_start_ns)},
+                           {"end_ms", ms(w.end_ns - w.trace_start_ns)},
+                           {"length_ms", ms(w.end_ns - w.start_ns)}};
+  }
   r.summary["top_kernels"] = top_kernels(10);
   if (!t_.notes.empty()) r.summary["notes"] = t_.notes;
   if (!t_.samples.empty()) {

@@ -1,5 +1,8 @@
 #include "trace/trace.h"
 
+#include <algorithm>
+#include <limits>
+
 namespace gpulab::trace {
 
 namespace {
@@ -43,6 +46,19 @@ double DeviceInfo::pcie_gbps() const {
   constexpr std::array<double, 7> kLaneGbps = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.877};
   if (pcie_generation <= 0 || pcie_generation >= int(kLaneGbps.size()) || pcie_width <= 0) return 0;
   return kLaneGbps[pcie_generation] * pcie_width;
+}
+
+int64_t Trace::first_time_ns() const {
+  int64_t first = std::numeric_limits<int64_t>::max();
+  const auto see = [&](int64_t ns) { first = std::min(first, ns); };
+  for (const auto& k : kernels) see(k.start_ns);
+  for (const auto& m : memcpys) see(m.start_ns);
+  for (const auto& m : memsets) see(m.start_ns);
+  for (const auto& c : api_calls) see(c.start_ns);
+  for (const auto& u : um_events) see(u.start_ns);
+  for (const auto& s : samples) see(s.time_ns);
+  for (const auto& r : ranges) see(r.start_ns);
+  return first == std::numeric_limits<int64_t>::max() ? 0 : first;
 }
 
 }  // namespace gpulab::trace

@@ -1,5 +1,5 @@
 // The trace model `gpulab diagnose` analyses: GPU activities (kernels, copies, memsets), the host
-// API calls that issued them, unified-memory events and NVML samples. It is filled either by the
+// API calls that issued them, unified-memory events, NVML samples and NVTX ranges. It is filled either by the
 // CUPTI injection library or by reading a Chrome-trace JSON (PyTorch profiler / Kineto, or ours).
 // Times are nanoseconds on one clock; the origin does not matter.
 #pragma once
@@ -98,6 +98,28 @@ struct NvmlSample {
   double mem_clock_mhz = -1;
 };
 
+// An NVTX range (push/pop or start/end) of the program, or a PyTorch record_function range
+// (Kineto's "user_annotation"; "gpu_user_annotation" is its projection onto a GPU stream).
+struct NvtxRange {
+  std::string name;
+  std::string domain;  // empty = NVTX's default domain
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  int64_t thread = 0;  // host thread; the stream for a GPU projection
+  bool gpu = false;    // Kineto's projection onto `device`, `thread` being the stream
+  int device = 0;
+};
+
+// The part of a trace the analysis was restricted to (--capture-range): from the start of the
+// first range named `range` to the end of the last one.
+struct AnalysisWindow {
+  std::string range;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  int64_t occurrences = 0;     // ranges of that name
+  int64_t trace_start_ns = 0;  // the full trace's first record, so the window can be placed in it
+};
+
 struct DeviceInfo {
   std::string name;
   int sm_count = 0;           // 0 = unknown
@@ -116,11 +138,16 @@ struct Trace {
   std::vector<ApiCall> api_calls;
   std::vector<UmEvent> um_events;
   std::vector<NvmlSample> samples;
+  std::vector<NvtxRange> ranges;
   std::map<int, DeviceInfo> devices;
   int64_t dropped_records = 0;
   bool um_counters_enabled = false;  // the collector managed to enable UM counters
   std::string source;                // file or command the trace came from
   std::vector<std::string> notes;    // what the reader skipped or could not use, for the report
+  std::optional<AnalysisWindow> window;  // set when the records were clipped to a capture range
+
+  // The earliest time of any record; 0 for an empty trace.
+  int64_t first_time_ns() const;
 };
 
 }  // namespace gpulab::trace

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <optional>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "core/device.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -255,6 +257,9 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   Clock::time_point timed_start;
   Clock::duration untimed_pauses{};  // checkpoint writing
   const int64_t untimed = start + std::min<int64_t>(opt.warmup_steps_untimed, opt.steps - start - 1);
+  // NVTX range (a no-op without a tool) spanning exactly the img/s clock, for `gpulab diagnose
+  // --capture-range gpulab:train:timed`; a start/end range, as the per-step push/pop ranges nest in it.
+  nvtxRangeId_t timed_range = 0;
   auto checkpoint_due = [&](int64_t step) {
     return rank0 && !opt.checkpoint_dir.empty() && ((step + 1) % checkpoint_every == 0 || step + 1 == opt.steps);
   };
@@ -292,6 +297,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
       report.timed_images = images_done;
       report.timed_seconds = seconds;
       report.images_per_second = r.images_per_second;
+      if (r.step + 1 == opt.steps) nvtxRangeEnd(timed_range);
     }
     // Before the report: a run stopped in on_step has its checkpoint. No later step is issued yet
     // (the loop catches up before a checkpoint step), so it holds the state after step + 1 steps.
@@ -337,6 +343,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
     net.set_batches_tracked(tracked);
   };
   for (int64_t step = start; step < opt.steps; ++step) {
+    nvtxRangePushA("step");
     if (step == graph_from) capture_step();  // before the clock starts: capturing runs nothing
     StepFigures& f = ring[size_t(step % int64_t(ring.size()))];  // step - lag - 1, its last user, is reported
     // The scale this step uses (only update, at its end, changes it).
@@ -345,6 +352,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
       stream.synchronize();
       while (next_report < step) report_step();  // done already: their callbacks stay out of the timing
       timed_start = Clock::now();
+      timed_range = nvtxRangeStartA("gpulab:train:timed");
     }
     for (int micro = 0; micro < opt.accum; ++micro) {
       if (loader) {
@@ -385,6 +393,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
     f.done.record(stream);
     const int64_t ahead = checkpoint_due(step) ? 0 : lag;
     while (next_report + ahead <= step) report_step();
+    nvtxRangePop();
   }
   while (next_report < opt.steps) report_step();
   stream.synchronize();
