@@ -6,9 +6,10 @@
 # 1. makes an ImageNet-layout JPEG folder with `gpulab dataset make` (~500x375, C x N images, enough
 #    for S steps of batch B; `shapes` allows at most 48 classes), unless DIR already holds one;
 # 2. times each pipeline alone (`gpulab dataset load`), then runs
-#    `gpulab diagnose -- gpulab train --data DIR --pipeline cpu|gpu`; prints, per pipeline, img/s
-#    alone and in training, GPU busy % (CUPTI), NVML utilization and the top finding (cpu:
-#    host_starved expected);
+#    `gpulab diagnose --capture-range gpulab:train:timed -- gpulab train --data DIR --pipeline cpu|gpu`
+#    (the analysis sees only the timed steps, the steady state, not start-up's cuDNN algorithm
+#    search); prints, per pipeline, img/s alone and in training, GPU busy % (CUPTI), NVML
+#    utilization and the top finding (cpu: host_starved expected);
 # 3. tracing overhead: `gpulab train --synthetic` img/s alone and under `gpulab diagnose`, R times
 #    each, alternating; best of R against best of R (bar: <= 5 %).
 # Writes $OUT/pipeline_story.json, the diagnose reports and every log to $OUT.
@@ -55,7 +56,8 @@ done
 train_args=(--precision "$precision" --batch "$batch" --steps "$steps" --threads "$threads" --seed 1)
 for pipeline in cpu gpu; do
   echo "== diagnose: train --data $data --pipeline $pipeline"
-  "$gpulab" diagnose --json "$out/story_diagnose_$pipeline.json" --out "$out/story_trace_$pipeline" -- \
+  "$gpulab" diagnose --capture-range gpulab:train:timed --json "$out/story_diagnose_$pipeline.json" \
+    --out "$out/story_trace_$pipeline" -- \
     "$gpulab" train --data "$data" --pipeline "$pipeline" "${train_args[@]}" --json "$out/story_train_$pipeline.json" \
     2>&1 | tee "$out/story_$pipeline.log" || echo "pipeline_story.sh: the $pipeline run failed (see story_$pipeline.log)"
 done
@@ -101,6 +103,7 @@ for pipeline in ("cpu", "gpu"):
         "corrupt_skipped": t["params"].get("corrupt_skipped", 0),
         "gpu_busy_percent": d["summary"].get("gpu_busy_percent"),
         "nvml_mean_gpu_util_percent": d["summary"].get("nvml_mean_gpu_util_percent"),
+        "analysed_window": d["summary"].get("window"),
         "top_finding": {k: top[k] for k in ("rule", "severity", "time_lost_ms", "summary")} if top else None,
         "rules": [f["rule"] for f in findings],
         "host_starved": any(f["rule"] == "host_starved" for f in findings),
@@ -130,6 +133,10 @@ for r in story["runs"]:
     util = r["nvml_mean_gpu_util_percent"]
     print(f"{r['pipeline']:9} {r['pipeline_alone_images_per_second']:11.1f} {r['images_per_second']:11.1f} {busy if busy is not None else float('nan'):11.1f} "
           f"{util if util is not None else float('nan'):12.1f}  {desc}")
+for r in story["runs"]:
+    w = r["analysed_window"]
+    print(f"{r['pipeline']} analysed window: " + (f"{w['capture_range']}, {w['start_ms']:.0f} to {w['end_ms']:.0f} ms "
+          f"of the trace ({w['length_ms']:.0f} ms)" if w else "none (the whole run)"))
 print(f"gpu pipeline decoder: {gpu['decoder'] or '(none reported)'}")
 print(f"cpu pipeline host_starved: {cpu['host_starved']} (expected True); gpu pipeline host_starved: {gpu['host_starved']}")
 ratio = story["gpu_pipeline_over_synthetic"]

@@ -229,3 +229,78 @@ TEST(DiagnoseExamples, DurationStopsTracingEarly) {
   EXPECT_LT(d.report["summary"]["span_ms"].get<double>(), 1500.0) << seen;
   EXPECT_EQ(d.trace.kernels.size(), kernels) << seen;
 }
+
+// NVTX reaches the trace: NVTX_INJECTION64_PATH -> the injection library -> CUPTI's marker records.
+TEST(DiagnoseNvtx, RangesOfTheProgramComeBackAndDefineTheWindow) {
+  GPULAB_REQUIRE_GPU();
+  const Diagnosis d = diagnose("nvtx", example("healthy"), "--capture-range healthy:kernels");
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  const auto& t = d.trace;
+  std::vector<const gpulab::trace::NvtxRange*> outer, launch_ranges;
+  for (const auto& r : t.ranges) {
+    EXPECT_FALSE(r.gpu);
+    EXPECT_TRUE(r.domain.empty()) << r.domain;
+    EXPECT_GT(r.end_ns, r.start_ns) << r.name;
+    if (r.name == "healthy:kernels") outer.push_back(&r);
+    else if (r.name == "launch") launch_ranges.push_back(&r);
+    else ADD_FAILURE() << "unexpected range " << r.name;
+  }
+  ASSERT_EQ(outer.size(), 1u) << t.ranges.size() << " ranges\n" << d.out;
+  ASSERT_EQ(launch_ranges.size(), 100u);
+  // Each "launch" range holds exactly one cudaLaunchKernel of its thread: one clock, one thread id.
+  std::vector<const gpulab::trace::ApiCall*> launches;
+  for (const auto& c : t.api_calls)
+    if (c.name == "cudaLaunchKernel") launches.push_back(&c);
+  ASSERT_EQ(launches.size(), 100u);
+  for (const auto* r : launch_ranges) {
+    const auto inside = std::count_if(launches.begin(), launches.end(), [&](const auto* c) {
+      return c->thread == r->thread && c->start_ns >= r->start_ns && c->end_ns <= r->end_ns;
+    });
+    EXPECT_EQ(inside, 1) << "range " << r->start_ns << ".." << r->end_ns;
+    EXPECT_GE(r->start_ns, outer[0]->start_ns);
+    EXPECT_LE(r->end_ns, outer[0]->end_ns);
+  }
+  // The outer range ends after the synchronize: every kernel ran inside it.
+  for (const auto& k : t.kernels) {
+    EXPECT_GE(k.start_ns, outer[0]->start_ns);
+    EXPECT_LE(k.end_ns, outer[0]->end_ns);
+  }
+  const json& w = d.report["summary"]["window"];
+  EXPECT_EQ(w["capture_range"].get<std::string>(), "healthy:kernels") << d.report["summary"].dump(1);
+  EXPECT_EQ(w["occurrences"].get<int>(), 1);
+  EXPECT_NEAR(w["length_ms"].get<double>(), (outer[0]->end_ns - outer[0]->start_ns) / 1e6, 1e-3);
+  EXPECT_EQ(d.report["summary"]["kernels"], 100);
+  EXPECT_GT(d.report["summary"]["gpu_busy_percent"].get<double>(), 95.0);
+  // The download is queued after the range: analysed out, kept in trace.json.
+  EXPECT_LE(d.report["summary"]["memcpys"].get<int>(), 1);
+  EXPECT_EQ(t.memcpys.size(), 2u);
+}
+
+// gpulab train's "gpulab:train:timed" covers what its img/s figure covers, and leaves out start-up.
+TEST(DiagnoseNvtx, TrainTimedRangeIsTheImagesPerSecondClock) {
+  GPULAB_REQUIRE_GPU();
+  const fs::path result = fs::temp_directory_path() / ("gpulab_nvtx_train_" + std::to_string(getpid()) + ".json");
+  const Diagnosis d = diagnose("nvtx_train",
+                               kGpulab + " train --synthetic --depth 18 --classes 10 --image-size 64 --batch 32 "
+                                         "--steps 15 --json " + result.string(),
+                               "--capture-range gpulab:train:timed");
+  ASSERT_EQ(d.exit_code, 0) << d.out;
+  std::ifstream in(result);
+  const json train = json::parse(in);
+  fs::remove(result);
+  const double timed_ms = train[0]["params"]["timed_seconds"].get<double>() * 1000;
+  int timed = 0, steps = 0;
+  for (const auto& r : d.trace.ranges) {
+    timed += r.name == "gpulab:train:timed";
+    steps += r.name == "step";
+  }
+  EXPECT_EQ(timed, 1) << d.out;
+  EXPECT_EQ(steps, 15);
+  const json& w = d.report["summary"]["window"];
+  ASSERT_TRUE(w.is_object()) << d.out;
+  EXPECT_EQ(w["occurrences"].get<int>(), 1);
+  // Two clocks (steady_clock and CUPTI's) over the same interval: within 2 % or 2 ms.
+  EXPECT_NEAR(w["length_ms"].get<double>(), timed_ms, std::max(2.0, 0.02 * timed_ms)) << d.report["summary"].dump(1);
+  EXPECT_GT(w["start_ms"].get<double>(), 0);  // start-up (cuDNN's algorithm search) is left out
+  EXPECT_LT(d.report["summary"]["kernels"].get<size_t>(), d.trace.kernels.size());
+}
