@@ -30,7 +30,8 @@ void MarkerMatcher::close_open(int64_t end_ns, std::vector<NvtxRange>& out) {
   }
   open_.clear();
   // In start order, as the ids' hash order says nothing.
-  std::sort(closed.begin(), closed.end(), [](const NvtxRange& a, const NvtxRange& b) { return a.start_ns < b.start_ns; });
+  std::sort(closed.begin(), closed.end(),
+            [](const NvtxRange& a, const NvtxRange& b) { return a.start_ns < b.start_ns; });
   out.insert(out.end(), closed.begin(), closed.end());
 }
 

@@ -1,6 +1,7 @@
 #include "trace/window.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 
