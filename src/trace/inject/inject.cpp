@@ -1,8 +1,8 @@
 // libgpulab_trace.so: loaded into a CUDA program by the driver through CUDA_INJECTION64_PATH
 // (set by `gpulab diagnose`). It records CUPTI activity (kernels, copies, memsets, runtime and
-// driver calls, unified-memory counters, NVTX ranges), samples NVML every 50 ms, and at exit (or SIGINT /
-// SIGTERM, or after GPULAB_TRACE_DURATION seconds) writes process-<pid>.json, a Chrome trace in
-// the layout trace/chrome_trace.h reads, into GPULAB_TRACE_DIR.
+// driver calls, unified-memory counters, NVTX ranges), samples NVML every 50 ms, and at exit (or
+// SIGINT / SIGTERM, or after GPULAB_TRACE_DURATION seconds) writes process-<pid>.json, a Chrome
+// trace in the layout trace/chrome_trace.h reads, into GPULAB_TRACE_DIR.
 //
 // Nothing here may throw into the host program: failures are printed once and tracing stops.
 #include <cuda.h>
