@@ -244,17 +244,14 @@ struct ResNet::Impl {
 
   template <class F>
   void dispatch(F&& f) const { core::dispatch_activation(opt.dtype, std::forward<F>(f)); }
-  // The persistent mode takes cuDNN's NHWC kernels for fp32 and fp16; both modes keep the same
-  // statistics, so inference uses SPATIAL. Its reductions are only documented deterministic for
-  // NCHW, so --deterministic keeps the general path, and so does bf16: on the H200, bf16 in the
-  // persistent mode with the GPU data pipeline (decode kernels on a second stream) did not finish
-  // a 150-step test in 100 s that took 3 s on the general path; cuDNN's semi-persistent NHWC
-  // kernels are known to stall behind concurrent kernels (pytorch/pytorch#80259, with NCCL).
-  // (Strict fp32 on the general path trained ResNet-50 at 128 img/s on the H200; its gradients
-  // were no closer to float64 than in this mode.)
+  // The persistent mode takes cuDNN's NHWC kernels for fp32, fp16 and bf16; both modes keep the
+  // same statistics, so inference uses SPATIAL. Its reductions are only documented deterministic
+  // for NCHW, so --deterministic keeps the general path, which is slow in NHWC (on the H200:
+  // strict fp32 128 img/s; bf16 did not finish 100 steps of batch 256 in 40 s). A 150-step bf16
+  // test with the GPU pipeline once stalled in the persistent mode; a general-path run has since
+  // stalled in a pipeline test too, so that hang is not the batch-norm mode's.
   cudnnBatchNormMode_t bn_mode() const {
-    return opt.deterministic || opt.dtype == core::DType::bf16 ? CUDNN_BATCHNORM_SPATIAL
-                                                               : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    return opt.deterministic ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   }
   // Batch norm goes through cuDNN's Ex entry points where cuDNN takes the layer: for NHWC they
   // run the NHWC kernels, where the plain ones took a generic path (7 ms a call on ResNet-50's
