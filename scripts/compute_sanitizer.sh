@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Runs compute-sanitizer's memcheck, racecheck, initcheck and synccheck over every `gpu` test
-# executable (those `ctest -L gpu` runs) on a machine with a GPU, and prints a summary table.
+# Runs compute-sanitizer's memcheck, racecheck, initcheck and synccheck over every `gpu` test (the
+# tests `ctest -L gpu` runs) on a machine with a GPU, one run per test and tool, several at once,
+# and prints a summary table.
 #   scripts/compute_sanitizer.sh [--build DIR] [--tools "memcheck racecheck initcheck synccheck"]
-#                                [--only EXE_REGEX] [--filter GTEST_FILTER] [--timeout S] [--leak-check]
-# Each executable runs whole (all its tests) once per tool. Logs go to $OUT/compute-sanitizer/
-# (or DIR/compute-sanitizer/). Exit 1 when any run reports an error or fails.
+#                                [--only TEST_REGEX] [--exclude TEST_REGEX] [--jobs N]
+#                                [--timeout S] [--leak-check]
+# Each test runs alone (`exe --gtest_filter=Suite.Name`), so a slow test costs only its own run and
+# a timeout names the test. Runs are spread round-robin over the visible GPUs (CUDA_VISIBLE_DEVICES
+# set per run); tests that need every GPU see them all only on a single-GPU machine.
+# Logs go to $OUT/compute-sanitizer/ (or DIR/compute-sanitizer/); summary.txt has one line per run:
+# test, tool, exit status, seconds, errors (a test that skipped says so). Exit 1 when any run
+# reports an error or fails; timeouts are listed but are not errors.
 # Notes: the diagnose tests inject CUPTI into their child programs; compute-sanitizer also hooks
 # the CUDA driver, so test_trace_gpu results are only meaningful for tests that do not trace.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=build-device tools="memcheck racecheck initcheck synccheck" only="" filter="" timeout_s=1800 leak_check=0
+build=build-device tools="memcheck racecheck initcheck synccheck" only="" exclude="" jobs=4 timeout_s=600 leak_check=0
 while (($#)); do
   case $1 in
     --build) build=$2; shift 2 ;;
     --tools) tools=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    --filter) filter=$2; shift 2 ;;
+    --exclude) exclude=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --leak-check) leak_check=1; shift ;;  # memcheck also reports device memory never freed
     *) echo "compute_sanitizer.sh: unknown argument $1" >&2; exit 2 ;;
@@ -26,31 +33,48 @@ sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 [[ -d $build ]] || { echo "compute_sanitizer.sh: no build in $build (scripts/device.sh --no-tests builds one)" >&2; exit 1; }
 out=${OUT:-$build}/compute-sanitizer
 mkdir -p "$out"
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+((gpus > 0)) || gpus=1
 
-# The executables behind the gpu-labelled tests (each TEST is `exe --gtest_filter=...`).
-mapfile -t exes < <(ctest --test-dir "$build" -L gpu --show-only=json-v1 |
-  python3 -c 'import json, sys; print("\n".join(sorted({t["command"][0] for t in json.load(sys.stdin)["tests"] if t.get("command")})))')
-((${#exes[@]})) || { echo "compute_sanitizer.sh: no gpu tests in $build" >&2; exit 1; }
+# One line per (test, tool): "exe test tool".
+runs=$out/runs.txt
+ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
+import json, re, sys
+only, exclude, tools = sys.argv[1], sys.argv[2], sys.argv[3].split()
+for t in json.load(sys.stdin)["tests"]:
+    cmd = t.get("command") or []
+    name = next((a.split("=", 1)[1] for a in cmd if a.startswith("--gtest_filter=")), None)
+    if not name or (only and not re.search(only, name)) or (exclude and re.search(exclude, name)):
+        continue
+    for tool in tools:
+        print(cmd[0], name, tool)
+' "$only" "$exclude" "$tools" > "$runs"
+(($(wc -l < "$runs"))) || { echo "compute_sanitizer.sh: no gpu tests selected in $build" >&2; exit 1; }
 
-status=0
+# One run: prints its summary line.
+run_one() {
+  local exe=$1 test=$2 tool=$3 index=$4
+  local log=$out/$test.$tool.log
+  local args=(--tool "$tool" --error-exitcode 99 --print-limit 50 --target-processes all)
+  [[ $tool == memcheck && $leak_check == 1 ]] && args+=(--leak-check full)
+  local start=$(date +%s) code errors note
+  ((gpus > 1)) && export CUDA_VISIBLE_DEVICES=$((index % gpus))
+  (cd "$(dirname "$exe")" && timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1
+  code=$?
+  errors=$(grep -ho 'ERROR SUMMARY: [0-9]* error' "$log" | awk '{s += $3} END {print s + 0}')
+  note=$errors
+  ((code == 124)) && note="$errors (timed out)"
+  grep -q '\[  SKIPPED \]' "$log" && note="$errors (skipped)"
+  printf '%-72s %-10s %5s %6s  %s\n' "$test" "$tool" "$code" "$(($(date +%s) - start))" "$note"
+}
+export -f run_one
+export out sanitizer timeout_s leak_check gpus
+
 summary=$out/summary.txt
-printf '%-28s %-10s %6s %8s  %s\n' executable tool exit seconds errors | tee "$summary"
-for exe in "${exes[@]}"; do
-  name=$(basename "$exe")
-  [[ -n $only && ! $name =~ $only ]] && continue
-  for tool in $tools; do
-    log=$out/$name.$tool.log
-    args=(--tool "$tool" --error-exitcode 99 --print-limit 50 --target-processes all)
-    [[ $tool == memcheck && $leak_check == 1 ]] && args+=(--leak-check full)
-    start=$(date +%s)
-    timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" ${filter:+--gtest_filter="$filter"} >"$log" 2>&1
-    code=$?
-    errors=$(grep -ho 'ERROR SUMMARY: [0-9]* error' "$log" | awk '{s += $3} END {print s + 0}')
-    [[ $code == 0 && $errors == 0 ]] || status=1
-    note=$errors
-    ((code == 124)) && note="$errors (timed out)"
-    printf '%-28s %-10s %6s %8s  %s\n' "$name" "$tool" "$code" "$(($(date +%s) - start))" "$note" | tee -a "$summary"
-  done
-done
+printf '%-72s %-10s %5s %6s  %s\n' test tool exit sec errors | tee "$summary"
+awk '{print $0, NR}' "$runs" | xargs -P "$jobs" -L 1 bash -c 'run_one "$@"' _ | tee -a "$summary"
+status=$(awk 'NR > 1 && $3 != 124 && ($3 != 0 || $5 != 0) {bad = 1} END {print bad + 0}' "$summary")
+awk 'NR > 1 {n++; if ($3 == 124) t++; else if ($3 != 0 || $5 != 0) f++}
+     END {printf "compute_sanitizer.sh: %d runs, %d with errors or failures, %d timed out\n", n, f, t}' "$summary"
 echo "compute_sanitizer.sh: logs and summary in $out"
-exit $status
+exit "$status"
