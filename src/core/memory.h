@@ -58,9 +58,18 @@ using DeviceBuffer = Buffer<T, device_malloc, free_device>;
 template <class T = std::byte>
 using PinnedBuffer = Buffer<T, pinned_malloc, free_pinned>;
 
+enum class StreamPriority { normal, high };
+
 class Stream {
  public:
-  Stream() { GPULAB_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  // Non-blocking. `high` takes the device's greatest priority: its blocks are scheduled ahead of
+  // normal streams' as SMs free up (a data pipeline's kernels beside a training step's).
+  explicit Stream(StreamPriority priority = StreamPriority::normal) {
+    int least = 0, greatest = 0;
+    if (priority == StreamPriority::high) GPULAB_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    GPULAB_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking,
+                                              priority == StreamPriority::high ? greatest : least));
+  }
   ~Stream() {
     if (stream_) GPULAB_CHECK_NOTHROW(cudaStreamDestroy(stream_));
   }

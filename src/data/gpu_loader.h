@@ -83,8 +83,9 @@ class GpuLoader {
   std::unique_ptr<BatchDecoder> decoder_;
   std::string decoder_name_;
 
-  // Producer-only state: the loader stream and the current epoch's order.
-  core::Stream stream_;
+  // Producer-only state: the loader stream and the current epoch's order. The stream has high
+  // priority so a batch's decode and augment kernels are not queued behind a training step's.
+  core::Stream stream_{core::StreamPriority::high};
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
 
