@@ -9,6 +9,7 @@
 #include "data/jpeg.h"
 #include "data/parallel.h"
 #include "data/sampling.h"
+#include "data/stall.h"
 
 namespace gpulab::data {
 
@@ -49,6 +50,7 @@ GpuLoader::GpuLoader(ImageFolder folder, GpuLoaderOptions opt)
   batches_per_epoch_ = opt_.train ? shard_batches_per_epoch(n, opt_.batch, opt_.shard.world)
                                   : data::batches_per_epoch(n, opt_.batch, false);
   consumed_ = opt_.first_batch;  // batch contents depend on the seed and their number only
+  built_ = opt_.first_batch;
   decoder_ = make_batch_decoder(opt_.decode, opt_.threads);
   decoder_name_ = decoder_->name();
   const size_t image_elems = size_t(opt_.augment.size) * opt_.augment.size * 3;
@@ -76,10 +78,12 @@ GpuLoader::~GpuLoader() {
   work_cv_.notify_all();
   thread_.join();
   GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
+  decoder_.reset();  // nvJPEG's states go before the stream and the buffers their last decode used
 }
 
 uint8_t* GpuLoader::decode_area(Slot& slot, size_t bytes, size_t keep) {
   if (slot.decoded.size() < bytes) {
+    phase_ = "growing a decode area (cudaMalloc, cudaFree)";
     // Grows rarely (a larger image than any before); the first `keep` bytes are already decoded.
     core::DeviceBuffer<uint8_t> grown(bytes + bytes / 4);
     if (keep) GPULAB_CHECK(cudaMemcpyAsync(grown.get(), slot.decoded.get(), keep, cudaMemcpyDeviceToDevice, stream_));
@@ -124,6 +128,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
     }
     throw core::InputError(folder_.root.string() + ": no image in the dataset decodes");
   };
+  phase_ = "reading and checking files";
   parallel_for(int64_t(count), opt_.threads, read);
   read_seconds += since(t0);
 
@@ -145,6 +150,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
       dst.push_back(area + offset[i]);
     }
     const Clock::time_point t_decode = Clock::now();
+    phase_ = "decoding";
     const std::vector<char> ok = decoder_->decode(jpegs, dst, stream_);
     decode_seconds += since(t_decode);
     std::vector<size_t> failed;
@@ -155,6 +161,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
         failed.push_back(pending[k]);
       }
     const Clock::time_point t_reread = Clock::now();
+    phase_ = "reading and checking files";
     parallel_for(int64_t(failed.size()), opt_.threads, [&](int64_t k) { read(int64_t(failed[size_t(k)])); });
     read_seconds += since(t_reread);
     pending = std::move(failed);
@@ -176,6 +183,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
     skipped += int(skip[i]);
   }
   slot.batch.skipped = skipped;
+  phase_ = "enqueuing the resize";
   GPULAB_CHECK(cudaMemcpyAsync(slot.jobs.get(), slot.host_jobs.get(), count * sizeof(ResizeJob), cudaMemcpyHostToDevice,
                                stream_));
   GPULAB_CHECK(cudaMemcpyAsync(slot.labels.get(), slot.host_labels.get(), count * sizeof(int32_t),
@@ -197,27 +205,44 @@ void GpuLoader::produce() {
   try {
     GPULAB_CHECK(cudaSetDevice(device_));
     for (int64_t b = opt_.first_batch;; ++b) {
+      phase_batch_ = b;
+      phase_ = "waiting for a free slot";
       {
         std::unique_lock lock(mutex_);
         work_cv_.wait(lock, [&] { return stop_ || b < consumed_ + ring; });
         if (stop_) return;
       }
       Slot& slot = *slots_[size_t(b % ring)];
+      phase_ = "waiting for the slot's previous batch on the GPU";
       slot.ready.synchronize();  // its pinned jobs/labels and file bytes were last used by batch b - ring
       build(b, slot);
+      phase_ = "handing the batch over";
       {
         std::lock_guard lock(mutex_);
         done_[size_t(b % ring)] = 1;
+        built_ = b + 1;
       }
       ready_cv_.notify_all();
     }
   } catch (...) {
+    phase_ = "stopped by an error";
     {
       std::lock_guard lock(mutex_);
       error_ = std::current_exception();
     }
     ready_cv_.notify_all();
   }
+}
+
+void GpuLoader::quiesce() {
+  const int64_t ring = int64_t(slots_.size());
+  {
+    std::unique_lock lock(mutex_);
+    // Built up to the slot the consumer holds (or will take next): the thread then waits for next().
+    wait_or_warn(ready_cv_, lock, [&] { return error_ || built_ >= consumed_ + ring; },
+                 [&] { return "GPU loader: waiting for the loader thread to go idle"; });
+  }
+  stream_.synchronize();
 }
 
 const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
@@ -232,7 +257,10 @@ const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
     work_cv_.notify_all();
   }
   const size_t slot = size_t(consumed_ % ring);
-  ready_cv_.wait(lock, [&] { return error_ || done_[slot]; });
+  wait_or_warn(ready_cv_, lock, [&] { return error_ || done_[slot]; }, [&] {
+    return "GPU loader: batch " + std::to_string(consumed_) + " not ready; the loader thread is at batch " +
+           std::to_string(phase_batch_.load()) + ", " + phase_.load();
+  });
   if (error_) std::rethrow_exception(error_);
   Slot& s = *slots_[slot];
   GPULAB_CHECK(cudaStreamWaitEvent(consumer, s.ready.get()));

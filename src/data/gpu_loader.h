@@ -6,6 +6,7 @@
 // A corrupt file is skipped (the next file of the epoch's order takes its place) and counted.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -56,6 +57,11 @@ class GpuLoader {
   // the next call, which also marks on `consumer` when the GPU has finished reading it: enqueue
   // every use of the batch on `consumer` before calling again. Rethrows the loader's failure.
   const GpuBatch& next(cudaStream_t consumer);
+  // Returns once the loader thread has filled every free slot and its stream is idle: until the
+  // next call of next() it makes no CUDA call, so another thread may capture a CUDA graph
+  // (a context-wide synchronization in the loader, such as a cudaFree or nvJPEG's own, would
+  // break the capture) on an idle device.
+  void quiesce();
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t skipped_total() const;  // corrupt files skipped in the batches handed out so far
   std::vector<std::string> corrupt_files() const;
@@ -83,8 +89,9 @@ class GpuLoader {
   std::unique_ptr<BatchDecoder> decoder_;
   std::string decoder_name_;
 
-  // Producer-only state: the loader stream and the current epoch's order. The stream has high
-  // priority so a batch's decode and augment kernels are not queued behind a training step's.
+  // Producer-only state: the loader stream (quiesce() also waits for it) and the current epoch's
+  // order. The stream has high priority so a batch's decode and augment kernels are not queued
+  // behind a training step's.
   core::Stream stream_{core::StreamPriority::high};
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
@@ -93,6 +100,7 @@ class GpuLoader {
   std::condition_variable work_cv_, ready_cv_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<char> done_;
+  int64_t built_ = 0;  // batches before this one are built (done_)
   int64_t consumed_ = 0;
   bool holding_ = false;
   bool stop_ = false;
@@ -101,6 +109,9 @@ class GpuLoader {
   std::set<std::string> corrupt_;
   DecodeStats decode_stats_;
   Times times_;
+  // What the loader thread is doing, for the consumer's stall warning (data/stall.h).
+  std::atomic<const char*> phase_{"starting"};
+  std::atomic<int64_t> phase_batch_{0};
   std::thread thread_;
 };
 

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "data/sampling.h"
+#include "data/stall.h"
 
 namespace gpulab::data {
 
@@ -116,7 +117,10 @@ const Batch& Loader::next() {
     work_cv_.notify_all();
   }
   const int64_t slot = consumed_ % ring;
-  ready_cv_.wait(lock, [&] { return error_ || done_[slot] == opt_.batch; });
+  wait_or_warn(ready_cv_, lock, [&] { return error_ || done_[slot] == opt_.batch; }, [&] {
+    return "loader: batch " + std::to_string(consumed_) + " has " + std::to_string(done_[slot]) + " of " +
+           std::to_string(opt_.batch) + " images";
+  });
   if (error_) std::rethrow_exception(error_);
   holding_ = true;
   Batch& b = slots_[slot];

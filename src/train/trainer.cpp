@@ -332,6 +332,10 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   // batch into the fixed `images` and `labels` before its replay.
   const int64_t graph_from = opt.cuda_graph ? std::max(untimed, start + 1) : opt.steps;
   auto capture_step = [&] {
+    // On an idle device with no other thread calling CUDA: the GPU loader's thread fills its
+    // slots and waits (its cudaFree or nvJPEG's synchronizations would break the capture).
+    if (gpu_loader) gpu_loader->quiesce();
+    stream.synchronize();
     const int64_t tracked = net.batches_tracked();  // forward counts; a capture runs nothing
     try {
       for (int micro = 0; micro < std::min(opt.accum, 2); ++micro)
@@ -406,6 +410,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
     report.corrupt_skipped = gpu_loader->skipped_total();
     report.corrupt_files = gpu_loader->corrupt_files();
     report.decoder = gpu_loader->decoder_name();
+    gpu_loader.reset();  // its thread and nvJPEG stop before the export and evaluation use the GPU
   }
   report.rank = rank;
   report.world = world;
