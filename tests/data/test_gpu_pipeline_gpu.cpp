@@ -423,6 +423,50 @@ TEST(GpuLoader, SameSeedSameBytesAndTheConsumerStreamIsRespected) {
   EXPECT_FALSE(a[0] == c[0]) << "another seed must give other crops";
 }
 
+TEST(GpuLoader, QuiescedLoaderLetsAnotherThreadCaptureAGraph) {
+  // A Global-mode capture forbids every other thread's unsafe CUDA calls (cudaMalloc, stream and
+  // event synchronizations): right after next() the loader thread builds the next batches (their
+  // first decode areas are allocated then), so it would fail or break the capture unless
+  // quiesce() had made it idle. After each capture it resumes and hands out the same batches as
+  // a loader never paused.
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_loader_quiesce");
+  make_dataset(t.path, dataset_options(3, 8, 160, 120));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  GpuLoaderOptions go;
+  go.batch = 4;
+  go.threads = 2;
+  go.seed = 5;
+  go.augment.size = 32;
+  const auto want = run_loader(folder, go, 6, false);
+  const size_t bytes = want[0].size();
+  GpuLoader gpu(folder, go);
+  core::Stream stream, side;
+  core::DeviceBuffer<int> scratch(1);
+  std::vector<std::vector<std::byte>> got;
+  auto take = [&] {
+    const GpuBatch& b = gpu.next(stream);
+    got.emplace_back(bytes);
+    GPULAB_CHECK(cudaMemcpyAsync(got.back().data(), b.images, bytes, cudaMemcpyDeviceToHost, stream));
+    stream.synchronize();
+  };
+  take();
+  for (int round = 0; round < 2; ++round) {
+    gpu.quiesce();
+    GPULAB_CHECK(cudaStreamBeginCapture(side, cudaStreamCaptureModeGlobal));
+    GPULAB_CHECK(cudaMemsetAsync(scratch.get(), 0, sizeof(int), side));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // time for a busy loader thread to call CUDA
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(side, &graph), cudaSuccess) << "round " << round << ": the loader broke the capture";
+    if (graph) GPULAB_CHECK(cudaGraphDestroy(graph));
+    take();
+    take();
+  }
+  take();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == want[i]) << "batch " << i << " differs";
+}
+
 TEST(GpuLoader, GarbledScanDataNeverCrashes) {
   // Header and end marker intact, entropy-coded data overwritten: only a decoder can tell. The
   // TurboJPEG path skips it as the CPU loader does; nvJPEG may decode it to noise or reject it
