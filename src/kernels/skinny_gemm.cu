@@ -1,0 +1,241 @@
+#include <cstring>
+#include <type_traits>
+
+#include "core/dtype_dispatch.h"
+#include "core/error.h"
+#include "kernels/mma_ptx.h"
+#include "kernels/skinny_gemm.h"
+
+namespace gpulab::kernels {
+
+namespace {
+
+constexpr int kWarps = 8;    // K is split over the warps of a block
+constexpr int kChunk = 32;   // k of one warp step: each lane loads 8 consecutive elements of its rows
+constexpr int kWeightLoads = 16;  // 16-byte weight loads each lane keeps in flight
+
+// m16n8k16 sums over k, so any order of k serves when W's fragment and x's use the same one. A
+// lane (group g = lane / 4, t = lane % 4) loads the 16 bytes at k0 = chunk + 8t of W rows g and
+// g + 8 and of x row g: its words .x/.y feed the chunk's first mma (as the fragment's k pairs
+// 2t and 2t + 8) and .z/.w its second, so every load is a whole 16-byte piece.
+__device__ inline uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <class T>
+__device__ inline uint32_t pack2(float lo, float hi) {
+  const T v[2] = {static_cast<T>(lo), static_cast<T>(hi)};
+  uint32_t r;
+  memcpy(&r, v, 4);
+  return r;
+}
+
+template <class T>
+__device__ inline float unpack(uint32_t word, int half) {
+  T v[2];
+  memcpy(v, &word, 4);
+  return static_cast<float>(v[half]);
+}
+
+template <class T>
+__device__ inline uint4 pack8(const float (&f)[8]) {
+  return {pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]), pack2<T>(f[6], f[7])};
+}
+
+template <class T>
+__device__ inline void unpack8(float (&f)[8], uint4 v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = unpack<T>(w[i / 2], i % 2);
+}
+
+// The 8 inputs of activation row r at kk..kk+7 after the prologue, rounded to T as the unfused
+// kernels round them (rmsnorm.cu: weight · (x · inv_rms); silu_mul.cu: g / (1 + e^-g) · u).
+template <class T, SkinnyPrologue P>
+__device__ inline uint4 load_input(const void* x, const T* norm_w, float inv_rms, int64_t r, int64_t k, int64_t kk) {
+  if constexpr (P == SkinnyPrologue::none) {
+    return *reinterpret_cast<const uint4*>(static_cast<const T*>(x) + r * k + kk);
+  } else if constexpr (P == SkinnyPrologue::rmsnorm) {
+    const float* row = static_cast<const float*>(x) + r * k + kk;
+    const float4 lo = *reinterpret_cast<const float4*>(row), hi = *reinterpret_cast<const float4*>(row + 4);
+    float wf[8];
+    unpack8<T>(wf, *reinterpret_cast<const uint4*>(norm_w + kk));
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float f[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = wf[i] * (v[i] * inv_rms);
+    return pack8<T>(f);
+  } else {
+    const T* gate = static_cast<const T*>(x) + r * 2 * k + kk;
+    float g[8], u[8], f[8];
+    unpack8<T>(g, *reinterpret_cast<const uint4*>(gate));
+    unpack8<T>(u, *reinterpret_cast<const uint4*>(gate + k));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    return pack8<T>(f);
+  }
+}
+
+// One block computes S slabs of 16 output channels for all m rows (MT tiles of 8 rows): each
+// warp runs every kWarps-th chunk of K, then the warps' sums meet in shared memory.
+template <class T, class Out, SkinnyPrologue P, int S, int MT>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    skinny_gemm_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w, int m,
+                       int64_t n, int64_t k) {
+  constexpr int U = kWeightLoads / (2 * S);  // chunks whose weights are loaded before any is used
+  static_assert(U >= 1 && U * 2 * S == kWeightLoads, "S must divide kWeightLoads / 2");
+  __shared__ float partial[kWarps][S * 16][MT * 8];
+  __shared__ float inv_rms[kSkinnyMaxRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S * 16;
+
+  if constexpr (P == SkinnyPrologue::rmsnorm) {
+    // Every block finds the rows' inverse RMS itself: x is a few rows, read from L2.
+    for (int r = warp; r < m; r += kWarps) {
+      const float* row = static_cast<const float*>(x) + r * k;
+      float sum_sq = 0.f;
+#pragma unroll 8
+      for (int64_t i = lane * 4; i < k; i += 128) {
+        const float4 v = *reinterpret_cast<const float4*>(row + i);
+        sum_sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+      if (lane == 0) inv_rms[r] = rsqrtf(sum_sq / static_cast<float>(k) + eps);
+    }
+    __syncthreads();
+  }
+
+  const T* rows[S][2];  // W rows g and g + 8 of each slab; rows past n repeat row n - 1 (not stored)
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rows[s][h] = w + std::min(n0 + s * 16 + g + 8 * h, n - 1) * k;
+  float row_scale[MT];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) row_scale[j] = P == SkinnyPrologue::rmsnorm && g + 8 * j < m ? inv_rms[g + 8 * j] : 0.f;
+
+  float acc[S][MT][4] = {};
+  const int64_t chunks = (k + kChunk - 1) / kChunk;
+  for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * U) {
+    uint4 a[U][S][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;  // k % 8 == 0: a piece is all in or all out
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) a[u][s][h] = kk < k ? load_streaming(rows[s][h] + kk) : uint4{0, 0, 0, 0};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const int r = g + 8 * j;
+        const uint4 b = kk < k && r < m ? load_input<T, P>(x, norm_w, row_scale[j], r, k, kk) : uint4{0, 0, 0, 0};
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const uint32_t lo[4] = {a[u][s][0].x, a[u][s][1].x, a[u][s][0].y, a[u][s][1].y};
+          const uint32_t hi[4] = {a[u][s][0].z, a[u][s][1].z, a[u][s][0].w, a[u][s][1].w};
+          mma_16816<T>(acc[s][j], lo, b.x, b.y);
+          mma_16816<T>(acc[s][j], hi, b.z, b.w);
+        }
+      }
+    }
+  }
+
+  // acc[s][j]: channels n0 + 16s + g (+ 8 for [2], [3]), rows 8j + 2t (+ 1 for [1], [3]).
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[warp][s * 16 + g + 8 * (i / 2)][j * 8 + 2 * t + i % 2] = acc[s][j][i];
+  __syncthreads();
+  for (int i = threadIdx.x; i < m * S * 16; i += kWarps * 32) {
+    const int r = i / (S * 16), c = i % (S * 16);
+    if (n0 + c >= n) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum += partial[v][c][r];
+    Out* out = y + r * n + n0 + c;
+    if constexpr (std::is_same_v<Out, float>)
+      *out = accumulate ? *out + sum : sum;
+    else
+      *out = static_cast<Out>(sum);
+  }
+}
+
+// Slabs per block: few enough blocks that each reads x (L2 traffic beside W's) for many
+// channels, enough that two blocks per SM still find work.
+int slabs_per_block(int64_t n) {
+  int device = 0, sms = 0;
+  GPULAB_CHECK(cudaGetDevice(&device));
+  GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  for (int s : {4, 2})
+    if ((n + 16 * s - 1) / (16 * s) >= 2 * sms) return s;
+  return 1;
+}
+
+template <class T, class Out, SkinnyPrologue P>
+void launch(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
+            cudaStream_t stream) {
+  const int s = slabs_per_block(n);
+  const auto run = [&]<int S, int MT>() {
+    const int64_t blocks = (n + 16 * S - 1) / (16 * S);
+    skinny_gemm_kernel<T, Out, P, S, MT><<<blocks, kWarps * 32, 0, stream>>>(
+        static_cast<Out*>(y), accumulate, in.x, static_cast<const T*>(in.norm_weight), in.eps,
+        static_cast<const T*>(w), static_cast<int>(m), n, k);
+    GPULAB_CHECK_LAUNCH();
+  };
+  const auto with_slabs = [&]<int MT>() {
+    if (s == 4) run.template operator()<4, MT>();
+    else if (s == 2) run.template operator()<2, MT>();
+    else run.template operator()<1, MT>();
+  };
+  if (m <= 8) with_slabs.template operator()<1>();
+  else with_slabs.template operator()<2>();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool skinny_gemm_fits(int64_t m, int64_t k) { return m >= 1 && m <= kSkinnyMaxRows && k > 0 && k % 8 == 0; }
+
+void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const void* w,
+                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  if (!skinny_gemm_fits(m, k) || n < 1)
+    throw core::Error("skinny_gemm: takes 1 to 16 rows and k a multiple of 8, not m " + std::to_string(m) + ", n " +
+                      std::to_string(n) + ", k " + std::to_string(k));
+  if (w_dtype != core::DType::bf16 && w_dtype != core::DType::f16)
+    throw core::Error("skinny_gemm: weights must be bf16 or fp16");
+  if (y_dtype != core::DType::f32 && (y_dtype != w_dtype || accumulate))
+    throw core::Error("skinny_gemm: writes the weights' dtype or float32 (which it may add to)");
+  const bool norm = in.prologue == SkinnyPrologue::rmsnorm;
+  if (!aligned16(y) || !aligned16(in.x) || !aligned16(w) || (norm && !aligned16(in.norm_weight)))
+    throw core::Error("skinny_gemm: x, w, y and the norm weight must start on 16-byte boundaries");
+  core::dispatch_activation(w_dtype, [&]<class T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      throw core::Error("skinny_gemm: weights must be bf16 or fp16");
+    } else {
+      core::dispatch_activation(y_dtype, [&]<class Out>() {
+        if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, T>) {
+          switch (in.prologue) {
+            case SkinnyPrologue::none: return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);
+            case SkinnyPrologue::rmsnorm:
+              return launch<T, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream);
+            case SkinnyPrologue::swiglu:
+              return launch<T, Out, SkinnyPrologue::swiglu>(y, accumulate, in, w, m, n, k, stream);
+          }
+        }
+      });
+    }
+  });
+}
+
+}  // namespace gpulab::kernels
