@@ -495,10 +495,9 @@ struct CudaEngine::Impl {
       bf16* q = qkv.get();
       bf16* k = q + qd;
       bf16* v = k + kvd;
+      const kernels::RopeCacheWrite cache{k_cache(l), v_cache(l), v, qkv_width, dmeta(meta_at.slots)};
       kernels::rope({q, qkv_width, c.num_heads}, {k, qkv_width, c.num_kv_heads}, dmeta(meta_at.positions),
-                    inv_freq.get(), n, c.head_dim, kAct, *stream);
-      kernels::kv_cache_write(k_cache(l), v_cache(l), {k, qkv_width}, {v, qkv_width}, dmeta(meta_at.slots), n,
-                              c.num_kv_heads, c.head_dim, kAct, *stream);
+                    inv_freq.get(), n, c.head_dim, kAct, *stream, &cache);
       const kernels::PagedKv paged{k_cache(l), v_cache(l), dmeta(meta_at.block_table), max_blocks_per_seq,
                                    opt.block_size};
       if (decodes > 0)
