@@ -89,39 +89,17 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   constexpr int U = kWeightLoads / (2 * S);  // chunks whose weights are loaded before any is used
   static_assert(U >= 1 && U * 2 * S == kWeightLoads, "S must divide kWeightLoads / 2");
   __shared__ float partial[kWarps][S * 16][MT * 8];
-  __shared__ float inv_rms[kSkinnyMaxRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S * 16;
-
-  if constexpr (P == SkinnyPrologue::rmsnorm) {
-    // Every block finds the rows' inverse RMS itself: x is a few rows, read from L2.
-    for (int r = warp; r < m; r += kWarps) {
-      const float* row = static_cast<const float*>(x) + r * k;
-      float sum_sq = 0.f;
-#pragma unroll 8
-      for (int64_t i = lane * 4; i < k; i += 128) {
-        const float4 v = *reinterpret_cast<const float4*>(row + i);
-        sum_sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      for (int offset = 16; offset > 0; offset /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
-      if (lane == 0) inv_rms[r] = rsqrtf(sum_sq / static_cast<float>(k) + eps);
-    }
-    __syncthreads();
-  }
 
   const T* rows[S][2];  // W rows g and g + 8 of each slab; rows past n repeat row n - 1 (not stored)
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
     for (int h = 0; h < 2; ++h) rows[s][h] = w + std::min(n0 + s * 16 + g + 8 * h, n - 1) * k;
-  float row_scale[MT];
-#pragma unroll
-  for (int j = 0; j < MT; ++j) row_scale[j] = P == SkinnyPrologue::rmsnorm && g + 8 * j < m ? inv_rms[g + 8 * j] : 0.f;
-
-  float acc[S][MT][4] = {};
   const int64_t chunks = (k + kChunk - 1) / kChunk;
-  for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * U) {
-    uint4 a[U][S][2];
+  uint4 a[U][S][2];
+  const auto load_weights = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;  // k % 8 == 0: a piece is all in or all out
@@ -130,6 +108,41 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
         for (int h = 0; h < 2; ++h) a[u][s][h] = kk < k ? load_streaming(rows[s][h] + kk) : uint4{0, 0, 0, 0};
     }
+  };
+  load_weights(warp);  // in flight while the norm below waits on x
+
+  float row_scale[MT] = {};
+  if constexpr (P == SkinnyPrologue::rmsnorm) {
+    // Every block finds the rows' inverse RMS itself (x is a few rows, read from L2), each row
+    // split over kWarps / m warps so that its loads are in flight together.
+    __shared__ float sum_sq[kSkinnyMaxRows][kWarps];
+    const int parts = std::max(1, kWarps / m);
+    for (int task = warp; task < m * parts; task += kWarps) {
+      const int r = task / parts, part = task % parts;
+      const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + r * k);
+      float sum = 0.f;
+#pragma unroll 8
+      for (int64_t i = part * 32 + lane; i < k / 4; i += parts * 32) {
+        const float4 v = row[i];
+        sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) sum_sq[r][part] = sum;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      const int r = g + 8 * j;
+      if (r >= m) continue;
+      float total = 0.f;
+      for (int part = 0; part < parts; ++part) total += sum_sq[r][part];
+      row_scale[j] = rsqrtf(total / static_cast<float>(k) + eps);
+    }
+  }
+
+  float acc[S][MT][4] = {};
+  for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * U) {
+    if (c0 != warp) load_weights(c0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;
