@@ -92,7 +92,7 @@ void run_decode_suite(Context& ctx) {
       const auto mine = once([&](void*) { skinny(rows); }, y);
       const auto theirs = once([&](void* out) { unfused(rows, out); }, g.into_residual ? y_check.get() : y);
       for (int64_t i = 0; i < rows * n; ++i)
-        if (!(std::abs(mine[i] - theirs[i]) <= 1e-2f * std::abs(theirs[i]) + 1e-3f))
+        if (!(std::abs(mine[i] - theirs[i]) <= 1e-2f * std::abs(theirs[i]) + 1e-9f))
           throw core::Error("skinny_gemm and cuBLASLt disagree at element " + std::to_string(i) + ": " +
                             std::to_string(mine[i]) + " vs " + std::to_string(theirs[i]));
       for (int64_t m : kRowCounts) {

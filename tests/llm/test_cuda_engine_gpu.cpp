@@ -391,8 +391,8 @@ EngineOptions decode_batch(int64_t max_batch, bool skinny, bool graphs = true) {
 }
 
 // skinny_gemm (norms and SwiGLU fused in) against cuBLASLt's decode path: the same greedy
-// tokens, decode logits within bf16 rounding of each other and of transformers' float32, and
-// the CUDA-graph replay bit-identical to the eager launches.
+// tokens (but at float32 near ties), decode logits within bf16 rounding of each other and of
+// transformers' float32, and the CUDA-graph replay bit-identical to the eager launches.
 TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
   GPULAB_REQUIRE_GPU();
   const auto source = tiny();
@@ -404,6 +404,7 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& c : cases) prompts.push_back(c.ids);
   constexpr int64_t V = 1024;
+  const CpuModel cpu(source);
   for (int64_t batch : {int64_t{1}, int64_t{5}, int64_t{16}}) {
     CudaEngine skinny(source, decode_batch(batch, true)), cublas(source, decode_batch(batch, false));
     CudaEngine eager(source, decode_batch(batch, true, false));
@@ -421,8 +422,27 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
       EXPECT_LE(f.rel_l2, 2e-2) << "batch " << batch << " case " << i;
       EXPECT_EQ(got_eager[i], got[i]) << "batch " << batch << " case " << i << ": graph replay differs from eager";
     }
-    const auto on = greedy(skinny, sixteen_prompts(), 24), off = greedy(cublas, sixteen_prompts(), 24);
-    for (size_t i = 0; i < on.size(); ++i) EXPECT_EQ(on[i], off[i]) << "batch " << batch << " request " << i;
+    // Greedy through the scheduler: the same tokens, or where they part, a float32 near tie
+    // between the two (a rounding difference may tip one, not a wrong result).
+    const auto prompts16 = sixteen_prompts();
+    const auto on = greedy(skinny, prompts16, 24), off = greedy(cublas, prompts16, 24);
+    int parted = 0;
+    for (size_t i = 0; i < on.size(); ++i) {
+      const auto split = std::mismatch(on[i].begin(), on[i].end(), off[i].begin(), off[i].end());
+      if (split.first == on[i].end()) continue;
+      ++parted;
+      std::vector<int32_t> ids = prompts16[i];
+      ids.insert(ids.end(), on[i].begin(), split.first);
+      const std::vector<float> fp32 = cpu.logits(ids);
+      const float* row = fp32.data() + (ids.size() - 1) * V;
+      const size_t t = split.first - on[i].begin();
+      std::printf("batch %lld request %zu parts at token %zu: skinny %d, cuBLASLt %d (float32 margins %.4f, %.4f)\n",
+                  (long long)batch, i, t, *split.first, *split.second, fp32_gap(row, V, *split.first),
+                  fp32_gap(row, V, *split.second));
+      EXPECT_TRUE(near_tie(row, V, *split.first) && near_tie(row, V, *split.second))
+          << "batch " << batch << " request " << i << " token " << t << ": not a near tie";
+    }
+    EXPECT_LE(parted, 2) << "batch " << batch;
   }
 }
 
