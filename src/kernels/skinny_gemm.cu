@@ -18,9 +18,10 @@ constexpr int kWeightLoads = 16;  // 16-byte weight loads each lane keeps in fli
 // lane (group g = lane / 4, t = lane % 4) loads the 16 bytes at k0 = chunk + 8t of W rows g and
 // g + 8 and of x row g: its words .x/.y feed the chunk's first mma (as the fragment's k pairs
 // 2t and 2t + 8) and .z/.w its second, so every load is a whole 16-byte piece.
+// Volatile: kept in program order, so the first weights are in flight before griddepcontrol.wait.
 __device__ inline uint4 load_streaming(const void* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
@@ -109,7 +110,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int h = 0; h < 2; ++h) a[u][s][h] = kk < k ? load_streaming(rows[s][h] + kk) : uint4{0, 0, 0, 0};
     }
   };
+  // Programmatic dependent launch (sm_90): the next skinny_gemm may start its blocks now, and
+  // this one reads only weights until the kernel before it has finished and its writes show.
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   load_weights(warp);  // in flight while the norm below waits on x
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 
   float row_scale[MT] = {};
   if constexpr (P == SkinnyPrologue::rmsnorm) {
@@ -199,11 +208,18 @@ void launch(void* y, bool accumulate, const SkinnyInput& in, const void* w, int6
             cudaStream_t stream) {
   const int s = slabs_per_block(n);
   const auto run = [&]<int S, int MT>() {
-    const int64_t blocks = (n + 16 * S - 1) / (16 * S);
-    skinny_gemm_kernel<T, Out, P, S, MT><<<blocks, kWarps * 32, 0, stream>>>(
-        static_cast<Out*>(y), accumulate, in.x, static_cast<const T*>(in.norm_weight), in.eps,
-        static_cast<const T*>(w), static_cast<int>(m), n, k);
-    GPULAB_CHECK_LAUNCH();
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S)));
+    config.blockDim = dim3(kWarps * 32);
+    config.stream = stream;
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+    GPULAB_CHECK(cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, Out, P, S, MT>, static_cast<Out*>(y), accumulate,
+                                    in.x, static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w),
+                                    static_cast<int>(m), n, k));
   };
   const auto with_slabs = [&]<int MT>() {
     if (s == 4) run.template operator()<4, MT>();
