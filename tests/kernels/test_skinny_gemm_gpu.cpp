@@ -174,6 +174,45 @@ TEST(SkinnyGemmGpu, IntegerInputsGiveExactSums) {
   }
 }
 
+// Back to back on one stream, the second launch (programmatic dependent launch) starts while
+// the first runs: it must still read the first's output, not the poison under it.
+TEST(SkinnyGemmGpu, ChainedLaunchesSeeTheEarlierOutput) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(44);
+  const int64_t m = 16, hidden = 4096, inter = 11008, wide = 22016;
+  Case down(DType::bf16, SkinnyPrologue::swiglu, hidden, inter, rng);
+  DeviceTensor norm(uniform(hidden, rng, 0.5f, 1.5f), DType::bf16), w(uniform(wide * hidden, rng, -2, 2), DType::bf16);
+  core::Stream stream;
+  for (int rep = 0; rep < 3; ++rep) {
+    auto residual = DeviceTensor::poisoned(m * hidden, DType::f32);
+    auto out = DeviceTensor::poisoned(m * wide, DType::bf16);
+    GPULAB_CHECK(cudaDeviceSynchronize());  // the poison is in place before the non-blocking stream runs
+    skinny_gemm(residual.get(), DType::f32, false, down.in(), down.w->device.get(), DType::bf16, m, hidden, inter,
+                stream);
+    skinny_gemm(out.get(), DType::bf16, false, {residual.get(), SkinnyPrologue::rmsnorm, norm.get(), Case::kEps},
+                w.get(), DType::bf16, m, wide, hidden, stream);
+    stream.synchronize();
+    const std::vector<float> x = residual.download(), got = out.download();
+    std::vector<float> input(m * hidden);
+    rmsnorm_ref(input.data(), x.data(), norm.host.data(), m, hidden, Case::kEps);
+    for (float& e : input) e = round_to(e, DType::bf16);
+    std::vector<double> want(m * wide, 0.0), bound(m * wide, 0.0);
+    skinny_gemm_ref(want.data(), input.data(), w.host.data(), m, wide, hidden);
+    for (float& e : input) e = std::abs(e);
+    std::vector<float> abs_w(w.host);
+    for (float& e : abs_w) e = std::abs(e);
+    skinny_gemm_ref(bound.data(), input.data(), abs_w.data(), m, wide, hidden);
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      // One rounding of the output, and room for one input rounded the other way (|input · w| < 16).
+      const double tol = 1e-5 * bound[i] + unit_roundoff(DType::bf16) * (std::abs(want[i]) + 16.0) + 1e-6;
+      if ((!std::isfinite(got[i]) || std::abs(got[i] - want[i]) > tol) && ++bad <= 5)
+        ADD_FAILURE() << "rep " << rep << " element " << i << ": got " << got[i] << ", want " << want[i];
+    }
+    EXPECT_EQ(bad, 0) << "rep " << rep;
+  }
+}
+
 TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   GPULAB_REQUIRE_GPU();
   EXPECT_FALSE(skinny_gemm_fits(17, 64));
