@@ -54,31 +54,57 @@ __device__ inline void unpack8(float (&f)[8], uint4 v) {
   for (int i = 0; i < 8; ++i) f[i] = unpack<T>(w[i / 2], i % 2);
 }
 
-// The 8 inputs of activation row r at kk..kk+7 after the prologue, rounded to T as the unfused
-// kernels round them (rmsnorm.cu: weight · (x · inv_rms); silu_mul.cu: g / (1 + e^-g) · u).
+// What a lane loads of activation row r at kk..kk+7: the 8 inputs (none), the 8 float32 x
+// (rmsnorm), or the 8 gate and 8 up values (swiglu). Fetched with the weights, finished after.
+struct RawInput {
+  uint4 first, second;
+};
+
 template <class T, SkinnyPrologue P>
-__device__ inline uint4 load_input(const void* x, const T* norm_w, float inv_rms, int64_t r, int64_t k, int64_t kk) {
+__device__ inline RawInput fetch_input(const void* x, int64_t r, int64_t k, int64_t kk) {
+  const auto at = [](const void* p) { return *static_cast<const uint4*>(p); };
   if constexpr (P == SkinnyPrologue::none) {
-    return *reinterpret_cast<const uint4*>(static_cast<const T*>(x) + r * k + kk);
+    return {at(static_cast<const T*>(x) + r * k + kk), {}};
   } else if constexpr (P == SkinnyPrologue::rmsnorm) {
     const float* row = static_cast<const float*>(x) + r * k + kk;
-    const float4 lo = *reinterpret_cast<const float4*>(row), hi = *reinterpret_cast<const float4*>(row + 4);
-    float wf[8];
-    unpack8<T>(wf, *reinterpret_cast<const uint4*>(norm_w + kk));
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    float f[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = wf[i] * (v[i] * inv_rms);
-    return pack8<T>(f);
+    return {at(row), at(row + 4)};
   } else {
     const T* gate = static_cast<const T*>(x) + r * 2 * k + kk;
+    return {at(gate), at(gate + k)};
+  }
+}
+
+// The 8 inputs after the prologue, rounded to T as the unfused kernels round them (rmsnorm.cu:
+// weight · (x · inv_rms); silu_mul.cu: g / (1 + e^-g) · u). `norm`: the norm weights at kk.
+template <class T, SkinnyPrologue P>
+__device__ inline uint4 finish_input(const RawInput& raw, uint4 norm, float inv_rms) {
+  if constexpr (P == SkinnyPrologue::none) {
+    return raw.first;
+  } else if constexpr (P == SkinnyPrologue::rmsnorm) {
+    const uint32_t bits[8] = {raw.first.x, raw.first.y, raw.first.z, raw.first.w,
+                              raw.second.x, raw.second.y, raw.second.z, raw.second.w};
+    float wf[8], f[8];
+    unpack8<T>(wf, norm);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = wf[i] * (__uint_as_float(bits[i]) * inv_rms);
+    return pack8<T>(f);
+  } else {
     float g[8], u[8], f[8];
-    unpack8<T>(g, *reinterpret_cast<const uint4*>(gate));
-    unpack8<T>(u, *reinterpret_cast<const uint4*>(gate + k));
+    unpack8<T>(g, raw.first);
+    unpack8<T>(u, raw.second);
 #pragma unroll
     for (int i = 0; i < 8; ++i) f[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     return pack8<T>(f);
   }
+}
+
+// Chunks a warp loads before using any: as many as fit in about 108 registers beside the
+// accumulators and row pointers (weights 8·S, inputs 4 or 8 per row tile, norm weights 4), at
+// most 16 weight loads. Every load of a step is in flight at once: one round trip per step.
+constexpr int chunks_per_step(int S, int MT, SkinnyPrologue P) {
+  const int per_chunk = 8 * S + MT * (P == SkinnyPrologue::none ? 4 : 8) + (P == SkinnyPrologue::rmsnorm ? 4 : 0);
+  const int fit = (108 - 4 * S * MT - 4 * S) / per_chunk;
+  return fit < 1 ? 1 : fit > kWeightLoads / (2 * S) ? kWeightLoads / (2 * S) : fit;
 }
 
 // One block computes S slabs of 16 output channels for all m rows (MT tiles of 8 rows): each
@@ -87,8 +113,7 @@ template <class T, class Out, SkinnyPrologue P, int S, int MT>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_gemm_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w, int m,
                        int64_t n, int64_t k) {
-  constexpr int U = kWeightLoads / (2 * S);  // chunks whose weights are loaded before any is used
-  static_assert(U >= 1 && U * 2 * S == kWeightLoads, "S must divide kWeightLoads / 2");
+  constexpr int U = chunks_per_step(S, MT, P);
   __shared__ float partial[kWarps][S * 16][MT * 8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S * 16;
@@ -152,13 +177,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   float acc[S][MT][4] = {};
   for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * U) {
     if (c0 != warp) load_weights(c0);
+    RawInput raw[U][MT];
+    uint4 norm[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;
+      norm[u] = P == SkinnyPrologue::rmsnorm && kk < k ? *reinterpret_cast<const uint4*>(norm_w + kk) : uint4{};
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+        raw[u][j] = kk < k && g + 8 * j < m ? fetch_input<T, P>(x, g + 8 * j, k, kk) : RawInput{};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
-        const int r = g + 8 * j;
-        const uint4 b = kk < k && r < m ? load_input<T, P>(x, norm_w, row_scale[j], r, k, kk) : uint4{0, 0, 0, 0};
+        const uint4 b = finish_input<T, P>(raw[u][j], norm[u], row_scale[j]);
 #pragma unroll
         for (int s = 0; s < S; ++s) {
           const uint32_t lo[4] = {a[u][s][0].x, a[u][s][1].x, a[u][s][0].y, a[u][s][1].y};
