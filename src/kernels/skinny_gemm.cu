@@ -226,20 +226,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 }
 
 // Slabs per block: few enough blocks that each reads x (L2 traffic beside W's) for many
-// channels, enough that two blocks per SM still find work.
-int slabs_per_block(int64_t n) {
+// channels, enough that two blocks per SM still find work. Four only past 8 rows, where x is
+// large and four slabs keep as many weight loads in flight as two (chunks_per_step).
+int slabs_per_block(int64_t m, int64_t n) {
   int device = 0, sms = 0;
   GPULAB_CHECK(cudaGetDevice(&device));
   GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   for (int s : {4, 2})
-    if ((n + 16 * s - 1) / (16 * s) >= 2 * sms) return s;
+    if ((s < 4 || m > 8) && (n + 16 * s - 1) / (16 * s) >= 2 * sms) return s;
   return 1;
 }
 
 template <class T, class Out, SkinnyPrologue P>
 void launch(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
             cudaStream_t stream) {
-  const int s = slabs_per_block(n);
+  const int s = slabs_per_block(m, n);
   const auto run = [&]<int S, int MT>() {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S)));
