@@ -155,10 +155,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       const int r = task / parts, part = task % parts;
       const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + r * k);
       float sum = 0.f;
-#pragma unroll 8
-      for (int64_t i = part * 32 + lane; i < k / 4; i += parts * 32) {
-        const float4 v = row[i];
-        sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      // kBatch loads in flight, predicated rather than branched around (a branch per load would
+      // wait out each one's latency).
+      constexpr int kBatch = 16;
+      for (int64_t first = part * 32 + lane; first < k / 4; first += kBatch * parts * 32) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int64_t i = first + j * parts * 32;
+          v[j] = i < k / 4 ? row[i] : float4{0.f, 0.f, 0.f, 0.f};
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
       }
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       if (lane == 0) sum_sq[r][part] = sum;
