@@ -74,8 +74,11 @@ __device__ inline RawInput fetch_input(const void* x, int64_t r, int64_t k, int6
   }
 }
 
-// The 8 inputs after the prologue, rounded to T as the unfused kernels round them (rmsnorm.cu:
+// The 8 inputs after the prologue, rounded to T where the unfused kernels round them (rmsnorm.cu:
 // weight · (x · inv_rms); silu_mul.cu: g / (1 + e^-g) · u). `norm`: the norm weights at kk.
+// Every block computes the SwiGLU of all of x again, so it takes the MUFU exp and divide:
+// expf and an IEEE divide would make `down` compute-bound; they move the float32 value by a few
+// ulp, so an input lands on the other side of a bf16 rounding only rarely.
 template <class T, SkinnyPrologue P>
 __device__ inline uint4 finish_input(const RawInput& raw, uint4 norm, float inv_rms) {
   if constexpr (P == SkinnyPrologue::none) {
@@ -93,7 +96,7 @@ __device__ inline uint4 finish_input(const RawInput& raw, uint4 norm, float inv_
     unpack8<T>(g, raw.first);
     unpack8<T>(u, raw.second);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int i = 0; i < 8; ++i) f[i] = __fdividef(g[i], 1.0f + __expf(-g[i])) * u[i];
     return pack8<T>(f);
   }
 }

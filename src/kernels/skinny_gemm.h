@@ -7,7 +7,7 @@
 //   rmsnorm: x is the float32 residual [m, k]; the input is rmsnorm(x) · norm_weight, rounded to
 //            the weights' dtype as kernels::rmsnorm rounds it;
 //   swiglu:  x is a fused gate/up projection [m, 2k]; the input is silu(gate) · up, rounded as
-//            kernels::silu_mul rounds it.
+//            kernels::silu_mul rounds it (with the fast exp and divide: rarely one bf16 ulp off).
 // Results are deterministic: K is split over the warps of a block and summed in a fixed order.
 #pragma once
 
