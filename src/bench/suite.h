@@ -97,6 +97,7 @@ void run_memory_suite(Context& ctx);
 void run_transfer_suite(Context& ctx);
 void run_launch_suite(Context& ctx);
 void run_gemm_suite(Context& ctx);
+void run_decode_suite(Context& ctx);
 void run_um_suite(Context& ctx);
 void run_p2p_suite(Context& ctx);
 void run_nccl_suite(Context& ctx);

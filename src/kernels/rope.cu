@@ -9,16 +9,29 @@ namespace gpulab::kernels {
 
 namespace {
 
-// One block per token; threads over (head, i < half) of q then k.
+// One block per token; threads over (head, i < half) of q then k (then, with a cache, the
+// value pairs to copy).
 template <class T>
 __global__ void rope_kernel(T* q, int64_t q_stride, int64_t q_heads, T* k, int64_t k_stride, int64_t k_heads,
-                            const int32_t* positions, const float* inv_freq, int64_t half) {
+                            const int32_t* positions, const float* inv_freq, int64_t half, RopeCacheWrite cache) {
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(positions[t]);
-  const int64_t q_pairs = q_heads * half, all_pairs = (q_heads + k_heads) * half;
+  const int64_t slot = cache.slots ? cache.slots[t] : -1;
+  const int64_t q_pairs = q_heads * half, rotated = (q_heads + k_heads) * half;
+  const int64_t all_pairs = rotated + (cache.slots ? k_heads * half : 0);
+  const int64_t width = k_heads * 2 * half;  // a cache row
   // A token's pairs spread over gridDim.y blocks, one pair a thread: decode rotates few tokens.
   for (int64_t p = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; p < all_pairs;
        p += int64_t(gridDim.y) * blockDim.x) {
+    if (p >= rotated) {  // a value pair: copied as it is
+      if (slot < 0) continue;
+      const int64_t head = (p - rotated) / half, i = (p - rotated) % half;
+      const T* v = static_cast<const T*>(cache.v) + t * cache.v_stride + head * 2 * half;
+      T* to = static_cast<T*>(cache.v_cache) + slot * width + head * 2 * half;
+      to[i] = v[i];
+      to[i + half] = v[i + half];
+      continue;
+    }
     const bool is_q = p < q_pairs;
     const int64_t pp = is_q ? p : p - q_pairs;
     const int64_t head = pp / half, i = pp % half;
@@ -28,19 +41,25 @@ __global__ void rope_kernel(T* q, int64_t q_stride, int64_t q_heads, T* k, int64
     const float a = static_cast<float>(v[i]), b = static_cast<float>(v[i + half]);
     v[i] = static_cast<T>(a * c - b * s);
     v[i + half] = static_cast<T>(b * c + a * s);
+    if (!is_q && slot >= 0) {
+      T* to = static_cast<T*>(cache.k_cache) + slot * width + head * 2 * half;
+      to[i] = v[i];
+      to[i + half] = v[i + half];
+    }
   }
 }
 
 }  // namespace
 
 void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float* inv_freq, int64_t tokens,
-          int64_t head_dim, core::DType dtype, cudaStream_t stream) {
+          int64_t head_dim, core::DType dtype, cudaStream_t stream, const RopeCacheWrite* cache) {
   if (tokens == 0) return;
   core::dispatch_activation(dtype, [&]<class T>() {
-    const int64_t pairs = (q.heads + k.heads) * (head_dim / 2);
+    const int64_t pairs = (q.heads + k.heads * (cache ? 2 : 1)) * (head_dim / 2);
     const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 64)));
     rope_kernel<T><<<grid, 256, 0, stream>>>(static_cast<T*>(q.x), q.stride, q.heads, static_cast<T*>(k.x),
-                                               k.stride, k.heads, positions, inv_freq, head_dim / 2);
+                                               k.stride, k.heads, positions, inv_freq, head_dim / 2,
+                                               cache ? *cache : RopeCacheWrite{});
     GPULAB_CHECK_LAUNCH();
   });
 }

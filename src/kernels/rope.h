@@ -17,9 +17,19 @@ struct RopeTarget {
   int64_t heads;
 };
 
+// Also stores each token's rotated keys and its values (rows of k.heads · head_dim) in cache
+// slot slots[t] (negative: nowhere), as kv_cache_write would after rope, one launch fewer.
+struct RopeCacheWrite {
+  void* k_cache;
+  void* v_cache;
+  const void* v;
+  int64_t v_stride;  // elements between rows of v
+  const int32_t* slots;
+};
+
 // Rotates q and k of `tokens` rows; inv_freq is a device array of head_dim / 2 floats.
 void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float* inv_freq, int64_t tokens,
-          int64_t head_dim, core::DType dtype, cudaStream_t stream);
+          int64_t head_dim, core::DType dtype, cudaStream_t stream, const RopeCacheWrite* cache = nullptr);
 
 void rope_ref(float* x, int64_t stride, int64_t heads, const int32_t* positions, const float* inv_freq,
               int64_t tokens, int64_t head_dim);

@@ -121,6 +121,7 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
 
     DecodeFigures f;
     f.batch = batch;
+    f.skinny_gemm = s.tp == 1 && decode_uses_skinny_gemm(s.cuda, c);
     std::vector<std::span<const int32_t>> chunks(prompts.begin(), prompts.end());
     auto t0 = Clock::now();
     engine->step(seqs, chunks, logits);
@@ -147,7 +148,8 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     f.floor_ms = 1e3 * f.bytes_per_step / report.ceilings.copy_bytes_per_s;
     f.fraction_of_floor = f.step_ms_median > 0 ? f.floor_ms / f.step_ms_median : 0;
     core::log_info("bench llm: batch ", batch, ": ", f.step_ms_median, " ms/step, ", f.decode_tokens_per_s,
-                   " tokens/s, ", 100 * f.fraction_of_floor, "% of the floor");
+                   " tokens/s, ", 100 * f.fraction_of_floor, "% of the floor (decode GEMMs: ",
+                   f.skinny_gemm ? "skinny_gemm" : "cuBLASLt", ")");
     report.decode.push_back(f);
   }
 

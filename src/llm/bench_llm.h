@@ -37,6 +37,7 @@ struct DecodeFigures {
   double bytes_per_step = 0;     // weights read + mean KV read per step
   double floor_ms = 0;           // bytes_per_step over the copy bandwidth
   double fraction_of_floor = 0;  // floor_ms / step_ms_median
+  bool skinny_gemm = false;      // decode GEMMs on kernels::skinny_gemm (else cuBLASLt)
 };
 
 struct PrefillFigures {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -24,6 +25,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/silu_mul.h"
+#include "kernels/skinny_gemm.h"
 
 namespace gpulab::llm {
 
@@ -130,6 +132,7 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<float> act_scales, row_amax;
   core::DeviceBuffer<bf16> linear_out;
   bool fp8_into_float = false;  // cuBLASLt accumulates fp8 products into the float residual itself
+  bool skinny_decode = false;   // decode_uses_skinny_gemm
   core::PinnedBuffer<float> logits_host;
 
   // Step metadata: one int32 block mirrored in pinned host memory, copied up once per step;
@@ -200,6 +203,16 @@ struct CudaEngine::Impl {
     if (!to_float) return;
     if (beta == 0.f) GPULAB_CHECK(cudaMemsetAsync(y, 0, m * L.n * sizeof(float), *stream));
     kernels::accumulate(static_cast<float*>(y), out, kAct, m * L.n, *stream);
+  }
+
+  // Whether a pass of n rows, `prefills` of them prefill chunks, runs on skinny_gemm.
+  bool skinny_pass(int64_t n, int64_t prefills) const {
+    return skinny_decode && prefills == 0 && n <= kernels::kSkinnyMaxRows;
+  }
+
+  // y = input·Wᵀ (+ y with beta 1, into float) by skinny_gemm, the input through its prologue.
+  void skinny_linear(const Linear& L, const kernels::SkinnyInput& in, void* y, DType y_type, int64_t m, float beta) {
+    kernels::skinny_gemm(y, y_type, beta != 0.f, in, weights.get() + L.w, L.dtype, m, L.n, L.k, *stream);
   }
 
   static Linear plan_linear(Arena& arena, int64_t n, int64_t k, DType dtype) {
@@ -465,19 +478,26 @@ struct CudaEngine::Impl {
     const LlamaConfig& c = cfg;
     const int64_t h = c.hidden_size, inter = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
+    const bool skinny = skinny_pass(n, prefills);  // the norms and the SwiGLU gate go into the GEMMs
+    const auto normed = [&](size_t norm) {
+      return kernels::SkinnyInput{x.get(), kernels::SkinnyPrologue::rmsnorm, w(norm), eps};
+    };
     kernels::embedding(x.get(), DType::f32, w(embed), kAct, dmeta(meta_at.ids), n, h, *stream);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Layer& L = layers[l];
-      kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.attn_norm), n, h, eps, *stream);
-      linear(L.qkv, xn.get(), qkv.get(), kAct, n, 0.f);
+      if (skinny) {
+        skinny_linear(L.qkv, normed(L.attn_norm), qkv.get(), kAct, n, 0.f);
+      } else {
+        kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.attn_norm), n, h, eps, *stream);
+        linear(L.qkv, xn.get(), qkv.get(), kAct, n, 0.f);
+      }
       if (c.qkv_bias) kernels::bias_add(qkv.get(), w(L.qkv_bias), n, qkv_width, kAct, *stream);
       bf16* q = qkv.get();
       bf16* k = q + qd;
       bf16* v = k + kvd;
+      const kernels::RopeCacheWrite cache{k_cache(l), v_cache(l), v, qkv_width, dmeta(meta_at.slots)};
       kernels::rope({q, qkv_width, c.num_heads}, {k, qkv_width, c.num_kv_heads}, dmeta(meta_at.positions),
-                    inv_freq.get(), n, c.head_dim, kAct, *stream);
-      kernels::kv_cache_write(k_cache(l), v_cache(l), {k, qkv_width}, {v, qkv_width}, dmeta(meta_at.slots), n,
-                              c.num_kv_heads, c.head_dim, kAct, *stream);
+                    inv_freq.get(), n, c.head_dim, kAct, *stream, &cache);
       const kernels::PagedKv paged{k_cache(l), v_cache(l), dmeta(meta_at.block_table), max_blocks_per_seq,
                                    opt.block_size};
       if (decodes > 0)
@@ -490,25 +510,39 @@ struct CudaEngine::Impl {
                                    dmeta(meta_at.cu_q), dmeta(meta_at.seq_lens) + decodes, prefills, max_chunk, shape,
                                    kAct, *stream);
       }
-      linear(L.o, attn.get(), x.get(), DType::f32, n, residual_beta());  // x += attn · Woᵀ
+      if (skinny)  // x += attn · Woᵀ
+        skinny_linear(L.o, {attn.get()}, x.get(), DType::f32, n, residual_beta());
+      else
+        linear(L.o, attn.get(), x.get(), DType::f32, n, residual_beta());
       if (c.o_bias && part.shard.rank == 0) kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
       all_reduce_residual(n);
-      kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
-      linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, 0.f);
-      kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
-      linear(L.down, act.get(), x.get(), DType::f32, n, residual_beta());  // x += mlp
+      if (skinny) {  // x += mlp
+        skinny_linear(L.gate_up, normed(L.mlp_norm), gate_up.get(), kAct, n, 0.f);
+        skinny_linear(L.down, {gate_up.get(), kernels::SkinnyPrologue::swiglu}, x.get(), DType::f32, n,
+                      residual_beta());
+      } else {
+        kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
+        linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, 0.f);
+        kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
+        linear(L.down, act.get(), x.get(), DType::f32, n, residual_beta());  // x += mlp
+      }
       all_reduce_residual(n);
     }
   }
 
   // Final norm and lm_head of the rows listed in meta last_rows, into `logits` [rows, vocab
-  // rows of this rank], then with a comm gathered from every rank.
-  void logits_of_rows(int64_t rows) {
+  // rows of this rank], then with a comm gathered from every rank. `skinny`: the pass's skinny_pass.
+  void logits_of_rows(int64_t rows, bool skinny) {
     const int64_t h = cfg.hidden_size;
+    const float eps = static_cast<float>(cfg.rms_norm_eps);
     kernels::embedding(x_last.get(), DType::f32, x.get(), DType::f32, dmeta(meta_at.last_rows), rows, h, *stream);
-    kernels::rmsnorm(xn.get(), kAct, x_last.get(), DType::f32, w(final_norm), rows, h,
-                     static_cast<float>(cfg.rms_norm_eps), *stream);
-    linear(lm_head, xn.get(), logits.get(), DType::f32, rows, 0.f);
+    if (skinny) {
+      skinny_linear(lm_head, {x_last.get(), kernels::SkinnyPrologue::rmsnorm, w(final_norm), eps}, logits.get(),
+                    DType::f32, rows, 0.f);
+    } else {
+      kernels::rmsnorm(xn.get(), kAct, x_last.get(), DType::f32, w(final_norm), rows, h, eps, *stream);
+      linear(lm_head, xn.get(), logits.get(), DType::f32, rows, 0.f);
+    }
     if (opt.comm)
       GPULAB_CHECK(ncclAllGather(logits.get(), gathered.get(), rows * part.vocab_rows, ncclFloat, opt.comm, *stream));
   }
@@ -585,7 +619,7 @@ struct CudaEngine::Impl {
       GPULAB_CHECK(cudaGraphLaunch(decode_graph, *stream));
     } else {
       layers_forward(n, decodes == b ? padded : decodes, b - decodes, max_chunk);
-      logits_of_rows(rows);
+      logits_of_rows(rows, skinny_pass(n, b - decodes));
       // After one eager run (cuBLASLt plans made), capture the decode step.
       if (pure_decode && opt.cuda_graphs && !std::exchange(decode_ran_eagerly, true)) capture_decode(padded);
     }
@@ -601,7 +635,7 @@ struct CudaEngine::Impl {
     GPULAB_CHECK(cudaStreamBeginCapture(*stream, cudaStreamCaptureModeThreadLocal));
     try {
       layers_forward(padded, padded, 0, 0);
-      logits_of_rows(padded);
+      logits_of_rows(padded, skinny_pass(padded, 0));
     } catch (...) {
       cudaStreamEndCapture(*stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -717,6 +751,7 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim, c.dtype);
   m.inv_freq = core::DeviceBuffer<float>(inv.size());
   GPULAB_CHECK(cudaMemcpy(m.inv_freq.get(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  m.skinny_decode = decode_uses_skinny_gemm(options, m.model);
   m.allocate_buffers();
   if (m.fp8()) m.fp8_into_float = m.probe_fp8_into_float();
   m.size_kv_pool();
@@ -724,6 +759,16 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
 }
 
 CudaEngine::~CudaEngine() = default;
+
+bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
+  static const bool vetoed = [] {
+    const char* v = std::getenv("GPULAB_SKINNY_GEMM");
+    return v && std::string(v) == "0";
+  }();
+  return options.skinny_gemm && !vetoed && options.weights == WeightFormat::bf16 && options.shard.world == 1 &&
+         kernels::skinny_gemm_fits(options.max_batch, model.hidden_size) &&
+         kernels::skinny_gemm_fits(1, model.q_dim()) && kernels::skinny_gemm_fits(1, model.intermediate_size);
+}
 
 const LlamaConfig& CudaEngine::config() const { return impl_->model; }
 int64_t CudaEngine::max_batch() const { return impl_->opt.max_batch; }

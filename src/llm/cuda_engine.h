@@ -35,6 +35,10 @@ struct EngineOptions {
   int64_t max_kv_tokens = 0;         // cap on the KV pool; 0: as much as memory allows
   int64_t block_size = 16;           // tokens per KV page
   bool cuda_graphs = true;           // replay pure decode steps from CUDA graphs
+  // Decode passes of at most 16 rows with bf16 weights run their linear layers on
+  // kernels::skinny_gemm (the norms and the SwiGLU gate fused into it) instead of cuBLASLt.
+  // The environment can veto it: GPULAB_SKINNY_GEMM=0.
+  bool skinny_gemm = true;
   WeightFormat weights = WeightFormat::bf16;
   Fp8ActivationScale fp8_activations = Fp8ActivationScale::token;
   // Tensor parallel (see llm/tensor_parallel.h): this engine is rank shard.rank of shard.world
@@ -45,6 +49,10 @@ struct EngineOptions {
   ShardSpec shard;
   ncclComm_t comm = nullptr;
 };
+
+// Whether an engine with these options and this model runs its decode passes on skinny_gemm
+// (single GPU, bf16 weights, max_batch ≤ 16, widths of whole 16-byte pieces, not vetoed).
+bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model);
 
 class CudaEngine final : public Engine {
  public:

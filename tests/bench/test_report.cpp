@@ -80,7 +80,7 @@ TEST(Report, TableShowsPercentOfPeakAndCeiling) {
 TEST(Suites, RegistryListsEverySuiteOnce) {
   std::vector<std::string> names;
   for (const auto& s : suites()) names.push_back(s.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"memory", "transfer", "launch", "gemm", "um", "p2p", "nccl", "power"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"memory", "transfer", "launch", "gemm", "decode", "um", "p2p", "nccl", "power"}));
   std::ostringstream out;
   print_suite_list(out);
   for (const auto& n : names) EXPECT_NE(out.str().find(n), std::string::npos);
@@ -106,7 +106,7 @@ gpulab::testing::CommandResult run_cli(const std::string& args) {
 TEST(BenchCli, ListNeedsNoGpu) {
   const auto r = run_cli("bench --list");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* s : {"memory", "transfer", "launch", "gemm", "um", "p2p", "nccl", "power"})
+  for (const char* s : {"memory", "transfer", "launch", "gemm", "decode", "um", "p2p", "nccl", "power"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 

@@ -60,6 +60,7 @@ TEST(SuitesGpu, LatencyLevelsAreOrdered) {
 TEST(SuitesGpu, Transfer) { GPULAB_REQUIRE_GPU(); expect_sane("transfer", 15); }
 TEST(SuitesGpu, Launch) { GPULAB_REQUIRE_GPU(); expect_sane("launch", 4); }
 TEST(SuitesGpu, Gemm) { GPULAB_REQUIRE_GPU(); expect_sane("gemm", 15); }
+TEST(SuitesGpu, Decode) { GPULAB_REQUIRE_GPU(); expect_sane("decode", 24); }
 TEST(SuitesGpu, UnifiedMemory) { GPULAB_REQUIRE_GPU(); expect_sane("um", 0); }
 TEST(SuitesGpu, P2p) { GPULAB_REQUIRE_GPU(); expect_sane("p2p", 0); }
 TEST(SuitesGpu, Nccl) { GPULAB_REQUIRE_GPU(); expect_sane("nccl", 12); }

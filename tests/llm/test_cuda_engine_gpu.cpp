@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 
 #include "common/gpu.h"
 #include "core/error.h"
@@ -336,6 +337,134 @@ TEST(CudaEngine, RandomWeightsFilledOnTheDeviceMatchTheHostFill) {
   const CpuModel cpu(source);
   const std::vector<int32_t> ids = {1, 50, 900, 3, 3, 3, 77};
   EXPECT_LE(compare_logits(engine.logits(ids), cpu.logits(ids), cfg.vocab_size).rel_l2, 2e-2);
+}
+
+
+// Decode logits with teacher forcing: each prompt's first half as one prefill step, then the
+// rest one token per step, up to max_batch prompts batched. Row p of prompt i: the logits after
+// ids[0..p] for p from half - 1 on (the rows before stay zero).
+std::vector<std::vector<float>> teacher_forced(CudaEngine& engine, const std::vector<std::vector<int32_t>>& prompts) {
+  const int64_t V = engine.config().vocab_size;
+  std::vector<std::vector<float>> out;
+  for (const auto& p : prompts) out.emplace_back(p.size() * V, 0.f);
+  for (size_t g = 0; g < prompts.size(); g += static_cast<size_t>(engine.max_batch())) {
+    const size_t end = std::min(prompts.size(), g + static_cast<size_t>(engine.max_batch()));
+    std::vector<SeqId> seqs;
+    std::vector<size_t> fed(prompts.size(), 0);
+    for (size_t i = g; i < end; ++i) {
+      const auto id = engine.open(static_cast<int64_t>(prompts[i].size()));
+      if (!id) throw std::runtime_error("teacher_forced: no KV room");
+      seqs.push_back(*id);
+      fed[i] = std::max<size_t>(1, prompts[i].size() / 2);
+      const std::span<const int32_t> chunk[1] = {std::span(prompts[i]).first(fed[i])};
+      engine.step(std::span(&seqs.back(), 1), chunk, std::span(out[i]).subspan((fed[i] - 1) * V, V));
+    }
+    for (;;) {
+      std::vector<SeqId> step_seqs;
+      std::vector<std::span<const int32_t>> chunks;
+      std::vector<size_t> who;
+      for (size_t i = g; i < end; ++i)
+        if (fed[i] < prompts[i].size()) {
+          step_seqs.push_back(seqs[i - g]);
+          chunks.push_back(std::span(prompts[i]).subspan(fed[i], 1));
+          who.push_back(i);
+        }
+      if (who.empty()) break;
+      std::vector<float> logits(who.size() * V);
+      engine.step(step_seqs, chunks, logits);
+      for (size_t j = 0; j < who.size(); ++j) {
+        std::copy_n(logits.data() + j * V, V, out[who[j]].data() + fed[who[j]] * V);
+        ++fed[who[j]];
+      }
+    }
+    for (SeqId s : seqs) engine.close(s);
+  }
+  return out;
+}
+
+EngineOptions decode_batch(int64_t max_batch, bool skinny, bool graphs = true) {
+  EngineOptions opt;
+  opt.max_batch = max_batch;
+  opt.skinny_gemm = skinny;
+  opt.cuda_graphs = graphs;
+  return modest(opt);
+}
+
+// skinny_gemm (norms and SwiGLU fused in) against cuBLASLt's decode path: the same greedy
+// tokens (but at float32 near ties), decode logits within bf16 rounding of each other and of
+// transformers' float32, and the CUDA-graph replay bit-identical to the eager launches.
+TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
+  GPULAB_REQUIRE_GPU();
+  const auto source = tiny();
+  if (!decode_uses_skinny_gemm(decode_batch(16, true), source.config()))
+    GTEST_SKIP() << "skinny_gemm is switched off (GPULAB_SKINNY_GEMM=0)";
+  EXPECT_FALSE(decode_uses_skinny_gemm(decode_batch(17, true), source.config()));
+  EXPECT_FALSE(decode_uses_skinny_gemm(decode_batch(16, false), source.config()));
+  const auto cases = testing::load_fixture_cases("llama_tiny");
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : cases) prompts.push_back(c.ids);
+  constexpr int64_t V = 1024;
+  const CpuModel cpu(source);
+  for (int64_t batch : {int64_t{1}, int64_t{5}, int64_t{16}}) {
+    CudaEngine skinny(source, decode_batch(batch, true)), cublas(source, decode_batch(batch, false));
+    CudaEngine eager(source, decode_batch(batch, true, false));
+    const auto got = teacher_forced(skinny, prompts), want = teacher_forced(cublas, prompts);
+    const auto got_eager = teacher_forced(eager, prompts);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const size_t first = std::max<size_t>(1, prompts[i].size() / 2) - 1;
+      const std::vector<float> mine(got[i].begin() + first * V, got[i].end());
+      const std::vector<float> theirs(want[i].begin() + first * V, want[i].end());
+      const std::vector<float> fp32(cases[i].logits.begin() + first * V, cases[i].logits.end());
+      const Agreement a = compare_logits(mine, theirs, V), f = compare_logits(mine, fp32, V);
+      std::printf("batch %lld case %zu: skinny vs cuBLASLt rel L2 %.2e top-1 %lld/%lld; vs float32 rel L2 %.2e\n",
+                  (long long)batch, i, a.rel_l2, (long long)a.top1_agree, (long long)a.rows, f.rel_l2);
+      EXPECT_LE(a.rel_l2, 5e-3) << "batch " << batch << " case " << i;
+      EXPECT_LE(f.rel_l2, 2e-2) << "batch " << batch << " case " << i;
+      EXPECT_EQ(got_eager[i], got[i]) << "batch " << batch << " case " << i << ": graph replay differs from eager";
+    }
+    // Greedy through the scheduler: the same tokens, or where they part, a float32 near tie
+    // between the two (a rounding difference may tip one, not a wrong result).
+    const auto prompts16 = sixteen_prompts();
+    const auto on = greedy(skinny, prompts16, 24), off = greedy(cublas, prompts16, 24);
+    int parted = 0;
+    for (size_t i = 0; i < on.size(); ++i) {
+      const auto split = std::mismatch(on[i].begin(), on[i].end(), off[i].begin(), off[i].end());
+      if (split.first == on[i].end()) continue;
+      ++parted;
+      std::vector<int32_t> ids = prompts16[i];
+      ids.insert(ids.end(), on[i].begin(), split.first);
+      const std::vector<float> fp32 = cpu.logits(ids);
+      const float* row = fp32.data() + (ids.size() - 1) * V;
+      const size_t t = split.first - on[i].begin();
+      std::printf("batch %lld request %zu parts at token %zu: skinny %d, cuBLASLt %d (float32 margins %.4f, %.4f)\n",
+                  (long long)batch, i, t, *split.first, *split.second, fp32_gap(row, V, *split.first),
+                  fp32_gap(row, V, *split.second));
+      EXPECT_TRUE(near_tie(row, V, *split.first) && near_tie(row, V, *split.second))
+          << "batch " << batch << " request " << i << " token " << t << ": not a near tie";
+    }
+    EXPECT_LE(parted, 2) << "batch " << batch;
+  }
+}
+
+// The fused path with biases on q/k/v and o, against the CPU reference.
+TEST(CudaEngine, SkinnyGemmDecodeWithBiasesMatchesTheCpuModel) {
+  GPULAB_REQUIRE_GPU();
+  LlamaConfig cfg = read_model_config(testing::fixture_dir("llama_tiny"));
+  cfg.qkv_bias = true;
+  cfg.o_bias = true;
+  const auto source = WeightSource::random(cfg, 4);
+  if (!decode_uses_skinny_gemm(decode_batch(4, true), cfg)) GTEST_SKIP() << "skinny_gemm is switched off";
+  CudaEngine engine(source, decode_batch(4, true));
+  const CpuModel cpu(source);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 50, 900, 3, 3, 3, 77, 12, 5}, {7, 7, 8}};
+  const auto got = teacher_forced(engine, prompts);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const size_t first = prompts[i].size() / 2 - 1;
+    const std::vector<float> want = cpu.logits(prompts[i]);
+    const std::vector<float> mine(got[i].begin() + first * cfg.vocab_size, got[i].end());
+    const std::vector<float> ref(want.begin() + first * cfg.vocab_size, want.end());
+    EXPECT_LE(compare_logits(mine, ref, cfg.vocab_size).rel_l2, 2e-2) << "prompt " << i;
+  }
 }
 
 }  // namespace

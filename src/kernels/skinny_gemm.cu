@@ -1,0 +1,315 @@
+#include <cstring>
+#include <type_traits>
+
+#include "core/dtype_dispatch.h"
+#include "core/error.h"
+#include "kernels/mma_ptx.h"
+#include "kernels/skinny_gemm.h"
+
+namespace gpulab::kernels {
+
+namespace {
+
+constexpr int kWarps = 8;    // K is split over the warps of a block
+constexpr int kChunk = 32;   // k of one warp step: each lane loads 8 consecutive elements of its rows
+constexpr int kWeightLoads = 16;  // 16-byte weight loads each lane keeps in flight
+
+// m16n8k16 sums over k, so any order of k serves when W's fragment and x's use the same one. A
+// lane (group g = lane / 4, t = lane % 4) loads the 16 bytes at k0 = chunk + 8t of W rows g and
+// g + 8 and of x row g: its words .x/.y feed the chunk's first mma (as the fragment's k pairs
+// 2t and 2t + 8) and .z/.w its second, so every load is a whole 16-byte piece.
+// Volatile: kept in program order, so the first weights are in flight before griddepcontrol.wait.
+__device__ inline uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <class T>
+__device__ inline uint32_t pack2(float lo, float hi) {
+  const T v[2] = {static_cast<T>(lo), static_cast<T>(hi)};
+  uint32_t r;
+  memcpy(&r, v, 4);
+  return r;
+}
+
+template <class T>
+__device__ inline float unpack(uint32_t word, int half) {
+  T v[2];
+  memcpy(v, &word, 4);
+  return static_cast<float>(v[half]);
+}
+
+template <class T>
+__device__ inline uint4 pack8(const float (&f)[8]) {
+  return {pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]), pack2<T>(f[6], f[7])};
+}
+
+template <class T>
+__device__ inline void unpack8(float (&f)[8], uint4 v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = unpack<T>(w[i / 2], i % 2);
+}
+
+// What a lane loads of activation row r at kk..kk+7: the 8 inputs (none), the 8 float32 x
+// (rmsnorm), or the 8 gate and 8 up values (swiglu). Fetched with the weights, finished after.
+struct RawInput {
+  uint4 first, second;
+};
+
+template <class T, SkinnyPrologue P>
+__device__ inline RawInput fetch_input(const void* x, int64_t r, int64_t k, int64_t kk) {
+  const auto at = [](const void* p) { return *static_cast<const uint4*>(p); };
+  if constexpr (P == SkinnyPrologue::none) {
+    return {at(static_cast<const T*>(x) + r * k + kk), {}};
+  } else if constexpr (P == SkinnyPrologue::rmsnorm) {
+    const float* row = static_cast<const float*>(x) + r * k + kk;
+    return {at(row), at(row + 4)};
+  } else {
+    const T* gate = static_cast<const T*>(x) + r * 2 * k + kk;
+    return {at(gate), at(gate + k)};
+  }
+}
+
+// The 8 inputs after the prologue, rounded to T where the unfused kernels round them (rmsnorm.cu:
+// weight · (x · inv_rms); silu_mul.cu: g / (1 + e^-g) · u). `norm`: the norm weights at kk.
+// Every block computes the SwiGLU of all of x again, so it takes the MUFU exp and divide:
+// expf and an IEEE divide would make `down` compute-bound; they move the float32 value by a few
+// ulp, so an input lands on the other side of a bf16 rounding only rarely.
+template <class T, SkinnyPrologue P>
+__device__ inline uint4 finish_input(const RawInput& raw, uint4 norm, float inv_rms) {
+  if constexpr (P == SkinnyPrologue::none) {
+    return raw.first;
+  } else if constexpr (P == SkinnyPrologue::rmsnorm) {
+    const uint32_t bits[8] = {raw.first.x, raw.first.y, raw.first.z, raw.first.w,
+                              raw.second.x, raw.second.y, raw.second.z, raw.second.w};
+    float wf[8], f[8];
+    unpack8<T>(wf, norm);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = wf[i] * (__uint_as_float(bits[i]) * inv_rms);
+    return pack8<T>(f);
+  } else {
+    float g[8], u[8], f[8];
+    unpack8<T>(g, raw.first);
+    unpack8<T>(u, raw.second);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = __fdividef(g[i], 1.0f + __expf(-g[i])) * u[i];
+    return pack8<T>(f);
+  }
+}
+
+// Chunks a warp loads before using any: as many as fit in about 108 registers beside the
+// accumulators and row pointers (weights 8·S, inputs 4 or 8 per row tile, norm weights 4), at
+// most 16 weight loads. Every load of a step is in flight at once: one round trip per step.
+constexpr int chunks_per_step(int S, int MT, SkinnyPrologue P) {
+  const int per_chunk = 8 * S + MT * (P == SkinnyPrologue::none ? 4 : 8) + (P == SkinnyPrologue::rmsnorm ? 4 : 0);
+  const int fit = (108 - 4 * S * MT - 4 * S) / per_chunk;
+  return fit < 1 ? 1 : fit > kWeightLoads / (2 * S) ? kWeightLoads / (2 * S) : fit;
+}
+
+// One block computes S slabs of 16 output channels for all m rows (MT tiles of 8 rows): each
+// warp runs every kWarps-th chunk of K, then the warps' sums meet in shared memory.
+template <class T, class Out, SkinnyPrologue P, int S, int MT>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    skinny_gemm_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w, int m,
+                       int64_t n, int64_t k) {
+  constexpr int U = chunks_per_step(S, MT, P);
+  __shared__ float partial[kWarps][S * 16][MT * 8];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S * 16;
+
+  const T* rows[S][2];  // W rows g and g + 8 of each slab; rows past n repeat row n - 1 (not stored)
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rows[s][h] = w + std::min(n0 + s * 16 + g + 8 * h, n - 1) * k;
+  const int64_t chunks = (k + kChunk - 1) / kChunk;
+  uint4 a[U][S][2];
+  const auto load_weights = [&](int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;  // k % 8 == 0: a piece is all in or all out
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) a[u][s][h] = kk < k ? load_streaming(rows[s][h] + kk) : uint4{0, 0, 0, 0};
+    }
+  };
+  // Programmatic dependent launch (sm_90): the next skinny_gemm may start its blocks now, and
+  // this one reads only weights until the kernel before it has finished and its writes show.
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  load_weights(warp);  // in flight while the norm below waits on x
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+
+  float row_scale[MT] = {};
+  if constexpr (P == SkinnyPrologue::rmsnorm) {
+    // Every block finds the rows' inverse RMS itself (x is a few rows, read from L2), each row
+    // split over kWarps / m warps so that its loads are in flight together.
+    __shared__ float sum_sq[kSkinnyMaxRows][kWarps];
+    const int parts = std::max(1, kWarps / m);
+    for (int task = warp; task < m * parts; task += kWarps) {
+      const int r = task / parts, part = task % parts;
+      const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + r * k);
+      float sum = 0.f;
+      // kBatch loads in flight, predicated rather than branched around (a branch per load would
+      // wait out each one's latency).
+      constexpr int kBatch = 16;
+      for (int64_t first = part * 32 + lane; first < k / 4; first += kBatch * parts * 32) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int64_t i = first + j * parts * 32;
+          v[j] = i < k / 4 ? row[i] : float4{0.f, 0.f, 0.f, 0.f};
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) sum_sq[r][part] = sum;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      const int r = g + 8 * j;
+      if (r >= m) continue;
+      float total = 0.f;
+      for (int part = 0; part < parts; ++part) total += sum_sq[r][part];
+      row_scale[j] = rsqrtf(total / static_cast<float>(k) + eps);
+    }
+  }
+
+  float acc[S][MT][4] = {};
+  for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * U) {
+    if (c0 != warp) load_weights(c0);
+    RawInput raw[U][MT];
+    uint4 norm[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;
+      norm[u] = P == SkinnyPrologue::rmsnorm && kk < k ? *reinterpret_cast<const uint4*>(norm_w + kk) : uint4{};
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+        raw[u][j] = kk < k && g + 8 * j < m ? fetch_input<T, P>(x, g + 8 * j, k, kk) : RawInput{};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const uint4 b = finish_input<T, P>(raw[u][j], norm[u], row_scale[j]);
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const uint32_t lo[4] = {a[u][s][0].x, a[u][s][1].x, a[u][s][0].y, a[u][s][1].y};
+          const uint32_t hi[4] = {a[u][s][0].z, a[u][s][1].z, a[u][s][0].w, a[u][s][1].w};
+          mma_16816<T>(acc[s][j], lo, b.x, b.y);
+          mma_16816<T>(acc[s][j], hi, b.z, b.w);
+        }
+      }
+    }
+  }
+
+  // acc[s][j]: channels n0 + 16s + g (+ 8 for [2], [3]), rows 8j + 2t (+ 1 for [1], [3]).
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[warp][s * 16 + g + 8 * (i / 2)][j * 8 + 2 * t + i % 2] = acc[s][j][i];
+  __syncthreads();
+  for (int i = threadIdx.x; i < m * S * 16; i += kWarps * 32) {
+    const int r = i / (S * 16), c = i % (S * 16);
+    if (n0 + c >= n) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum += partial[v][c][r];
+    Out* out = y + r * n + n0 + c;
+    if constexpr (std::is_same_v<Out, float>)
+      *out = accumulate ? *out + sum : sum;
+    else
+      *out = static_cast<Out>(sum);
+  }
+}
+
+// Slabs per block: few enough blocks that each reads x (L2 traffic beside W's) for many
+// channels, enough that two blocks per SM still find work. Four only past 8 rows, where x is
+// large and four slabs keep as many weight loads in flight as two (chunks_per_step).
+int slabs_per_block(int64_t m, int64_t n) {
+  int device = 0, sms = 0;
+  GPULAB_CHECK(cudaGetDevice(&device));
+  GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  for (int s : {4, 2})
+    if ((s < 4 || m > 8) && (n + 16 * s - 1) / (16 * s) >= 2 * sms) return s;
+  return 1;
+}
+
+template <class T, class Out, SkinnyPrologue P>
+void launch(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
+            cudaStream_t stream) {
+  const int s = slabs_per_block(m, n);
+  const auto run = [&]<int S, int MT>() {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S)));
+    config.blockDim = dim3(kWarps * 32);
+    config.stream = stream;
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+    GPULAB_CHECK(cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, Out, P, S, MT>, static_cast<Out*>(y), accumulate,
+                                    in.x, static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w),
+                                    static_cast<int>(m), n, k));
+  };
+  const auto with_slabs = [&]<int MT>() {
+    if (s == 4) run.template operator()<4, MT>();
+    else if (s == 2) run.template operator()<2, MT>();
+    else run.template operator()<1, MT>();
+  };
+  if (m <= 8) with_slabs.template operator()<1>();
+  else with_slabs.template operator()<2>();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool skinny_gemm_fits(int64_t m, int64_t k) { return m >= 1 && m <= kSkinnyMaxRows && k > 0 && k % 8 == 0; }
+
+void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const void* w,
+                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  if (!skinny_gemm_fits(m, k) || n < 1)
+    throw core::Error("skinny_gemm: takes 1 to 16 rows and k a multiple of 8, not m " + std::to_string(m) + ", n " +
+                      std::to_string(n) + ", k " + std::to_string(k));
+  if (w_dtype != core::DType::bf16 && w_dtype != core::DType::f16)
+    throw core::Error("skinny_gemm: weights must be bf16 or fp16");
+  if (y_dtype != core::DType::f32 && (y_dtype != w_dtype || accumulate))
+    throw core::Error("skinny_gemm: writes the weights' dtype or float32 (which it may add to)");
+  const bool norm = in.prologue == SkinnyPrologue::rmsnorm;
+  if (!aligned16(y) || !aligned16(in.x) || !aligned16(w) || (norm && !aligned16(in.norm_weight)))
+    throw core::Error("skinny_gemm: x, w, y and the norm weight must start on 16-byte boundaries");
+  core::dispatch_activation(w_dtype, [&]<class T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      throw core::Error("skinny_gemm: weights must be bf16 or fp16");
+    } else {
+      core::dispatch_activation(y_dtype, [&]<class Out>() {
+        if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, T>) {
+          switch (in.prologue) {
+            case SkinnyPrologue::none: return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);
+            case SkinnyPrologue::rmsnorm:
+              return launch<T, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream);
+            case SkinnyPrologue::swiglu:
+              return launch<T, Out, SkinnyPrologue::swiglu>(y, accumulate, in, w, m, n, k, stream);
+          }
+        }
+      });
+    }
+  });
+}
+
+}  // namespace gpulab::kernels

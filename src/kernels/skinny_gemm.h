@@ -1,0 +1,45 @@
+// A GEMM for decode: few activation rows against a large weight matrix,
+// y[m, n] = x[m, k] · W[n, k]ᵀ (+ y), m ≤ 16, bf16 or fp16 weights and activations, float32
+// accumulation. Decode reads each weight once per step, so the kernel streams W at memory speed
+// (16-byte loads, many in flight) and puts W's rows on the tensor cores' 16-row side: 16 rows
+// cost the weight traffic of one. A prologue can build the activation on the fly, removing the
+// small kernel that would have written it:
+//   rmsnorm: x is the float32 residual [m, k]; the input is rmsnorm(x) · norm_weight, rounded to
+//            the weights' dtype as kernels::rmsnorm rounds it;
+//   swiglu:  x is a fused gate/up projection [m, 2k]; the input is silu(gate) · up, rounded as
+//            kernels::silu_mul rounds it (with the fast exp and divide: rarely one bf16 ulp off).
+// Results are deterministic: K is split over the warps of a block and summed in a fixed order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace gpulab::kernels {
+
+enum class SkinnyPrologue { none, rmsnorm, swiglu };
+
+struct SkinnyInput {
+  const void* x = nullptr;  // none: [m, k] in the weights' dtype; rmsnorm: float [m, k]; swiglu: [m, 2k]
+  SkinnyPrologue prologue = SkinnyPrologue::none;
+  const void* norm_weight = nullptr;  // rmsnorm: [k] in the weights' dtype
+  float eps = 0;                      // rmsnorm
+};
+
+constexpr int64_t kSkinnyMaxRows = 16;
+
+// Whether skinny_gemm takes these sizes: 1 ≤ m ≤ 16 and rows of whole 16-byte pieces (k % 8 == 0).
+bool skinny_gemm_fits(int64_t m, int64_t k);
+
+// y [m, n] in y_dtype: the weights' dtype (written) or float32 (written, or added to with
+// `accumulate`: the residual stream). w [n, k] is bf16 or fp16; x, w, norm_weight and y start on
+// 16-byte boundaries. Throws core::Error for sizes skinny_gemm_fits refuses.
+void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const void* w,
+                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
+// y[m, n] += x[m, k] · w[n, k]ᵀ in double (the input already through its prologue).
+void skinny_gemm_ref(double* y, const float* x, const float* w, int64_t m, int64_t n, int64_t k);
+
+}  // namespace gpulab::kernels
