@@ -761,11 +761,12 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
 CudaEngine::~CudaEngine() = default;
 
 bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
-  static const bool vetoed = [] {
+  static const std::string env = [] {
     const char* v = std::getenv("GPULAB_SKINNY_GEMM");
-    return v && std::string(v) == "0";
+    return std::string(v ? v : "");
   }();
-  return options.skinny_gemm && !vetoed && options.weights == WeightFormat::bf16 && options.shard.world == 1 &&
+  const bool wanted = env == "1" || (env != "0" && options.skinny_gemm);
+  return wanted && options.weights == WeightFormat::bf16 && options.shard.world == 1 &&
          kernels::skinny_gemm_fits(options.max_batch, model.hidden_size) &&
          kernels::skinny_gemm_fits(1, model.q_dim()) && kernels::skinny_gemm_fits(1, model.intermediate_size);
 }

@@ -23,10 +23,10 @@ struct TracedRun {
 };
 
 // Forks and execs `command` with CUDA_INJECTION64_PATH set; waits for it. `duration_s` > 0 stops
-// tracing after that many seconds (the program keeps running). Old process-*.json files in
-// `out_dir` are removed first.
+// tracing after that many seconds (the program keeps running). `nvtx`: NVTX ranges are recorded
+// too (NVTX_INJECTION64_PATH set). Old process-*.json files in `out_dir` are removed first.
 TracedRun run_traced(const std::vector<std::string>& command, const std::filesystem::path& out_dir,
-                     double duration_s);
+                     double duration_s, bool nvtx);
 
 // Reads the per-process traces into one (correlation ids kept apart per process).
 Trace merge_traces(const std::vector<std::filesystem::path>& files);
