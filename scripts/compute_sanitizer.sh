@@ -6,8 +6,8 @@
 #                                [--only TEST_REGEX] [--exclude TEST_REGEX] [--jobs N]
 #                                [--timeout S] [--leak-check]
 # Each test runs alone (`exe --gtest_filter=Suite.Name`), so a slow test costs only its own run and
-# a timeout names the test. Runs are spread round-robin over the visible GPUs (CUDA_VISIBLE_DEVICES
-# set per run); tests that need every GPU see them all only on a single-GPU machine.
+# a timeout names the test. Runs are spread round-robin over the GPUs (those CUDA_VISIBLE_DEVICES
+# lists, else all), each run seeing one; tests that need several GPUs skip.
 # Logs go to $OUT/compute-sanitizer/ (or DIR/compute-sanitizer/); summary.txt has one line per run:
 # test, tool, exit status, seconds, errors (a test that skipped says so). Exit 1 when any run
 # reports an error or fails; timeouts are listed but are not errors.
@@ -33,8 +33,9 @@ sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 [[ -d $build ]] || { echo "compute_sanitizer.sh: no build in $build (scripts/device.sh --no-tests builds one)" >&2; exit 1; }
 out=${OUT:-$build}/compute-sanitizer
 mkdir -p "$out"
+# The GPUs to spread runs over: CUDA_VISIBLE_DEVICES's list when set, else every GPU.
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-((gpus > 0)) || gpus=1
+device_list=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((gpus > 0 ? gpus - 1 : 0)))}
 
 # One line per (test, tool): "exe test tool".
 runs=$out/runs.txt
@@ -58,7 +59,9 @@ run_one() {
   local args=(--tool "$tool" --error-exitcode 99 --print-limit 50 --target-processes all)
   [[ $tool == memcheck && $leak_check == 1 ]] && args+=(--leak-check full)
   local start=$(date +%s) code errors note
-  ((gpus > 1)) && export CUDA_VISIBLE_DEVICES=$((index % gpus))
+  local devices
+  IFS=, read -ra devices <<< "$device_list"
+  export CUDA_VISIBLE_DEVICES=${devices[index % ${#devices[@]}]}
   (cd "$(dirname "$exe")" && timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1
   code=$?
   errors=$(grep -ho 'ERROR SUMMARY: [0-9]* error' "$log" | awk '{s += $3} END {print s + 0}')
@@ -68,7 +71,7 @@ run_one() {
   printf '%-72s %-10s %5s %6s  %s\n' "$test" "$tool" "$code" "$(($(date +%s) - start))" "$note"
 }
 export -f run_one
-export out sanitizer timeout_s leak_check gpus
+export out sanitizer timeout_s leak_check device_list
 
 summary=$out/summary.txt
 printf '%-72s %-10s %5s %6s  %s\n' test tool exit sec errors | tee "$summary"
