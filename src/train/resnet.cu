@@ -87,18 +87,6 @@ __global__ void avgpool_kernel(const T* x, float* feat, int batch, int hw, int c
   }
 }
 
-// up[n][y][x][c] = dy[n][y/s][x/s][c] where s divides y and x, else 0: a stride-s convolution's
-// output gradient at the outputs of the stride-1 convolution that it keeps (ho x wo of them).
-template <class T>
-__global__ void zero_upsample_kernel(const T* dy, T* up, int batch, int h, int w, int ho, int wo, int channels,
-                                     int stride) {
-  GRID_STRIDE(i, int64_t(batch) * h * w * channels) {
-    const int64_t c = i % channels, p = i / channels, n = p / (int64_t(h) * w);
-    const int x = int(p % w), y = int(p / w % h);
-    up[i] = x % stride || y % stride ? T(0.f) : dy[((n * ho + y / stride) * wo + x / stride) * channels + c];
-  }
-}
-
 template <class T>
 __global__ void avgpool_backward_kernel(const float* dfeat, T* dx, int batch, int hw, int channels) {
   GRID_STRIDE(i, int64_t(batch) * hw * channels) {
@@ -176,15 +164,6 @@ struct ConvLayer {
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-  // Strict fp32 strided convs with "same" padding take their input gradient as the stride-1
-  // conv's, from the output gradient zero-upsampled to the input's size (up_desc): cuDNN's NHWC
-  // strict fp32 choice for strided backward-data was a direct kernel of 82 ms a call on the H200
-  // (72 % of a step), the stride-1 ones implicit GEMMs. bwd_data is then unit_conv's. (TF32 ran
-  // 2,691 img/s this way against 2,957 on cuDNN's strided kernels, so it keeps those.)
-  cudnnTensorDescriptor_t up_desc{};
-  cudnnConvolutionDescriptor_t unit_conv_desc{};
-  cudnnTensorDescriptor_t dgrad_dy_desc() const { return up_desc ? up_desc : y_desc; }
-  cudnnConvolutionDescriptor_t dgrad_conv_desc() const { return up_desc ? unit_conv_desc : conv_desc; }
   float *w = nullptr, *gamma = nullptr, *beta = nullptr;  // fp32 masters
   float *dw = nullptr, *dgamma = nullptr, *dbeta = nullptr;
   void* w_work = nullptr;  // the weights the conv reads (== w for fp32)
@@ -228,7 +207,6 @@ struct ResNet::Impl {
   // Gradient of the conv output in backward, every layer in turn: BN backward writes it, the
   // weight and input gradients read it (a fused BN backward still reads the layer's output).
   core::DeviceBuffer<std::byte> d_conv;
-  core::DeviceBuffer<std::byte> d_upsampled;  // the zero-upsampled output gradient (ConvLayer::up_desc)
   std::vector<ConvLayer> convs;
   std::vector<Block> blocks;
   cudnnPoolingDescriptor_t pool_desc{};
@@ -269,9 +247,9 @@ struct ResNet::Impl {
   // The persistent mode takes cuDNN's NHWC kernels for fp32, fp16 and bf16; both modes keep the
   // same statistics, so inference uses SPATIAL. Its reductions are only documented deterministic
   // for NCHW, so --deterministic keeps the general path, which is slow in NHWC (on the H200:
-  // strict fp32 128 img/s; bf16 did not finish 100 steps of batch 256 in 40 s). A 150-step bf16
-  // test with the GPU pipeline once stalled in the persistent mode; a general-path run has since
-  // stalled in a pipeline test too, so that hang is not the batch-norm mode's.
+  // strict fp32 128 img/s; bf16 did not finish 100 steps of batch 256 in 40 s). Runs with the GPU
+  // data pipeline have stalled in both modes, the loader thread inside nvJPEG's decode (see
+  // docs/training.md, "Known problems").
   cudnnBatchNormMode_t bn_mode() const {
     return opt.deterministic ? CUDNN_BATCHNORM_SPATIAL : CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   }
@@ -422,7 +400,7 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
   // Which batch norm path runs (see bn_fused), then one workspace for the largest algorithm
   // chosen, and each layer's batch norm reserve.
   bn_fused = opt.fuse_bn_activation && opt.dtype == core::DType::f16 && bn_mode() == CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
-  size_t ws = 0, d_conv_bytes = 0, d_upsampled_bytes = 0;
+  size_t ws = 0, d_conv_bytes = 0;
   for (const auto& L : convs) {
     size_t unused_ws = 0, unused_reserve = 0;
     bn_ex = bn_ex && bn_ex_sizes(L, CUDNN_BATCHNORM_OPS_BN, unused_ws, unused_reserve);
@@ -439,17 +417,14 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
     size_t a = 0, b = 0, c = 0, bn_ws = 0, reserve = 0;
     GPULAB_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, L.fwd, &a));
     if (L.d_in)
-      GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.dgrad_dy_desc(), L.dgrad_conv_desc(),
-                                                                L.x_desc, L.bwd_data, &b));
+      GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, L.bwd_data, &b));
     GPULAB_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc, L.bwd_filter, &c));
     if (bn_ex) bn_ex_sizes(L, bn_ops(L), bn_ws, reserve);
     L.bn_reserve = core::DeviceBuffer<std::byte>(reserve);
     ws = std::max({ws, a, b, c, bn_ws});
-    if (L.up_desc) d_upsampled_bytes = std::max(d_upsampled_bytes, size_t(opt.batch) * L.in_h * L.in_w * L.spec.out * elem);
   }
   workspace = core::DeviceBuffer<std::byte>(ws);
   d_conv = core::DeviceBuffer<std::byte>(d_conv_bytes);
-  d_upsampled = core::DeviceBuffer<std::byte>(d_upsampled_bytes);
   if (work.get()) {
     dispatch([&]<class T>() {
       cast_kernel<T><<<blocks_for(total), kThreads>>>(params.get(), reinterpret_cast<T*>(work.get()), total);
@@ -466,10 +441,6 @@ ResNet::Impl::~Impl() {
     GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(L.bn_desc));
     GPULAB_CHECK_NOTHROW(cudnnDestroyFilterDescriptor(L.w_desc));
     GPULAB_CHECK_NOTHROW(cudnnDestroyConvolutionDescriptor(L.conv_desc));
-    if (L.up_desc) {
-      GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(L.up_desc));
-      GPULAB_CHECK_NOTHROW(cudnnDestroyConvolutionDescriptor(L.unit_conv_desc));
-    }
   }
   GPULAB_CHECK_NOTHROW(cudnnDestroyPoolingDescriptor(pool_desc));
   GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(pool_out_desc));
@@ -520,14 +491,6 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.y_desc, CUDNN_TENSOR_NHWC, dt, n, c, h, w));
   GPULAB_CHECK(cudnnCreateTensorDescriptor(&L.bn_desc));
   GPULAB_CHECK(cudnnDeriveBNTensorDescriptor(L.bn_desc, L.y_desc, CUDNN_BATCHNORM_SPATIAL));
-  if (strict && L.d_in && s.stride > 1 && 2 * s.pad == s.kernel - 1) {
-    GPULAB_CHECK(cudnnCreateConvolutionDescriptor(&L.unit_conv_desc));
-    GPULAB_CHECK(cudnnSetConvolution2dDescriptor(L.unit_conv_desc, s.pad, s.pad, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                 CUDNN_DATA_FLOAT));
-    GPULAB_CHECK(cudnnSetConvolutionMathType(L.unit_conv_desc, math));
-    GPULAB_CHECK(cudnnCreateTensorDescriptor(&L.up_desc));
-    GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.up_desc, CUDNN_TENSOR_NHWC, dt, n, c, in_h, in_w));
-  }
 
   // Layers of one shape (most of a stage's blocks) share the choice: measuring is the slow part.
   const ConvShapeKey key{s.in, s.out, s.kernel, s.stride, s.pad, in_h, in_w, L.d_in != nullptr};
@@ -549,8 +512,8 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
     GPULAB_CHECK(find_fwd(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
     L.fwd = pick(fwd, got, opt.workspace_limit, strict, opt.deterministic, "forward");
     if (L.d_in) {  // the stem needs no input gradient
-      GPULAB_CHECK(find_bwd_data(cudnn, L.w_desc, L.dgrad_dy_desc(), L.dgrad_conv_desc(), L.x_desc,
-                                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data));
+      GPULAB_CHECK(find_bwd_data(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                 &got, bwd_data));
       L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, opt.deterministic, "backward-data");
     }
     GPULAB_CHECK(find_bwd_filter(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc,
@@ -672,21 +635,10 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
     GPULAB_CHECK_LAUNCH();
   }
   params_ready(3 * int(&L - convs.data()), 3);  // weight, BN weight, BN bias
-  if (!L.d_in) return;
-  if (L.up_desc) {
-    const int64_t n = int64_t(opt.batch) * L.in_h * L.in_w * L.spec.out;
-    dispatch([&]<class T>() {
-      zero_upsample_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<const T*>(dc),
-                                                                 reinterpret_cast<T*>(d_upsampled.get()), opt.batch,
-                                                                 L.in_h, L.in_w, L.out_h, L.out_w, L.spec.out,
-                                                                 L.spec.stride);
-    });
-    GPULAB_CHECK_LAUNCH();
-    dc = d_upsampled.get();
-  }
-  GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, L.w_desc, L.w_work, L.dgrad_dy_desc(), dc,
-                                            L.dgrad_conv_desc(), L.bwd_data, workspace.get(), workspace.bytes(),
-                                            &beta_in, L.x_desc, L.d_in));
+  if (L.d_in)
+    GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, L.w_desc, L.w_work, L.y_desc, dc, L.conv_desc,
+                                              L.bwd_data, workspace.get(), workspace.bytes(), &beta_in, L.x_desc,
+                                              L.d_in));
 }
 
 ResNet::ResNet(const ModelOptions& opt) : impl_(std::make_unique<Impl>(opt)) {}
