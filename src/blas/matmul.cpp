@@ -150,8 +150,10 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
     // logits left the bf16 engine's (relative L2 0.2-0.9) and two identical engines differed.
     if (found > 1 && !scaled && capture == cudaStreamCaptureStatusNone) {
       constexpr int kTimedRuns = 5;
-      // Timing overwrites C: a call that accumulates (beta != 0) is timed on a scratch C.
+      // Timing overwrites C: a call that accumulates (beta != 0) is timed on a scratch C, zeroed
+      // because it is read (compute-sanitizer's initcheck flagged the uninitialised reads).
       core::DeviceBuffer<std::byte> scratch(beta == 0.f ? 0 : size_t(s.m * s.n) * core::dtype_size(t.c));
+      if (beta != 0.f) GPULAB_CHECK(cudaMemsetAsync(scratch.get(), 0, scratch.bytes(), stream));
       void* timed_c = beta == 0.f ? c : scratch.get();
       core::EventTimer timer(stream);
       float best = std::numeric_limits<float>::infinity();
