@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/input_error.h"
 #include "core/error.h"
 #include "trace/chrome_trace.h"
 #include "trace/collect.h"
@@ -15,7 +16,7 @@
 
 using namespace gpulab::trace;
 using namespace gpulab::trace::testing;
-using gpulab::core::InputError;
+using gpulab::testing::input_error;
 namespace fs = std::filesystem;
 
 namespace {
@@ -26,17 +27,6 @@ fs::path temp_file(const std::string& name, const std::string& contents) {
   const fs::path p = fs::temp_directory_path() / ("gpulab_trace_" + std::to_string(getpid()) + "_" + name);
   std::ofstream(p, std::ios::binary) << contents;
   return p;
-}
-
-// The message of the InputError `f` throws ("" when it throws nothing).
-template <class F>
-std::string input_error(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/run_command.h"
+#include "common/input_error.h"
 #include "core/error.h"
 #include "trace/chrome_trace.h"
 #include "trace/nvtx.h"
@@ -17,7 +18,7 @@
 
 using namespace gpulab::trace;
 using namespace gpulab::trace::testing;
-using gpulab::core::InputError;
+using gpulab::testing::input_error;
 using gpulab::testing::run_command;
 namespace fs = std::filesystem;
 
@@ -44,17 +45,6 @@ NvtxRange range(const std::string& name, double start_us, double end_us, int64_t
   r.end_ns = us(end_us);
   r.thread = thread;
   return r;
-}
-
-// The message of the InputError `f` throws ("" when it throws nothing).
-template <class F>
-std::string input_error(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // 50 kernels of 2 ms, each launched 8 ms after the previous one ended (the host was busy: a
