@@ -22,7 +22,7 @@ constexpr auto kPoll = std::chrono::microseconds(100);
 static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId), "UniqueId must hold an ncclUniqueId");
 
 // The cancellation flag of the run_ranks group this thread belongs to (null elsewhere).
-thread_local const std::atomic<bool>* tls_cancel = nullptr;
+thread_local std::atomic<bool>* tls_cancel = nullptr;
 
 ncclDataType_t nccl_type(core::DType dt) {
   switch (dt) {
@@ -70,8 +70,9 @@ Communicator::Communicator(const UniqueId& id, int rank, int world, int device, 
 
 Communicator::~Communicator() {
   if (!comm_ || aborted_) return;
-  // Unwinding: a peer may be waiting on us or gone, so a flush could wait forever.
-  bool abort = std::uncaught_exceptions() > 0;
+  // Unwinding, or a sibling rank failed: a peer may be waiting on us, aborting or gone, so a
+  // flush could wait forever (or for the whole timeout).
+  bool abort = std::uncaught_exceptions() > 0 || cancelled();
   if (!abort) {
     ncclResult_t r = ncclCommFinalize(comm_);
     const auto end = Clock::now() + opt_.timeout;
@@ -86,6 +87,10 @@ Communicator::~Communicator() {
 }
 
 void Communicator::fail(const std::string& why) {
+  // Sibling threads first: they abort too, from their own watchdogs, rather than wait for a
+  // collective that this abort ends. NCCL frees a process's shared resources only when its last
+  // communicator is aborted or destroyed.
+  if (tls_cancel) tls_cancel->store(true);
   if (comm_ && !aborted_) GPULAB_CHECK_NOTHROW(ncclCommAbort(comm_));
   aborted_ = true;
   throw core::Error("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + why);
