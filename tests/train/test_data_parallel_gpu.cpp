@@ -7,12 +7,12 @@
 // own), but they do not enter training.
 //
 // Weights are compared after ONE step: this tiny model (BatchNorm over 4 images, 1x1 maps in
-// layer4, lr 0.05 with momentum) multiplies a rounding difference by about 50 each step, so two
-// runs that differ only in the order of sums end several steps apart by percents (on 2 H200s,
-// fp32: 7.6 % after four steps, with the losses of the first three within 1e-5; a bf16 wire's
-// rounding: 40 %). Every later
-// step is checked where rounding cannot grow: each rank's reduced gradients, element by element,
-// against the average of the ranks' own gradients of that step (tests/train/allreduce_check.h).
+// layer4, lr 0.05 with momentum) multiplies a rounding difference by about 50 a step (the one-rank
+// batch-norm test below saw 5e-5 after one step become 16 % after three), so runs that differ only
+// in the order of sums end several steps apart by percents (on 2 H200s, fp32: 7.6 % after four
+// steps, the losses of the first three within 1e-5; a bf16 wire: 40 %). Every step is checked
+// where rounding cannot grow: each rank's reduced gradients, element by element, against the
+// average of the ranks' own gradients of that step (tests/train/allreduce_check.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
