@@ -159,11 +159,12 @@ TEST(Communicator, AFailedSiblingThreadAbortsTheOthers) {
 }
 
 // Rank 1 takes part in a first all-reduce, then hangs (never enters the second): rank 0's wait
-// must end with the watchdog's error. The first collective is both ranks': NCCL 2.28 connects the
-// ranks lazily at the first collective, a handshake a rank that never joins would leave rank 0
-// blocked in, outside any collective. The hung rank ends only when its group is cancelled, which
-// rank 0's watchdog does before it aborts (NCCL frees a process's shared resources only when its
-// last communicator is aborted).
+// must end with the watchdog's error. A peer that never joined any collective is another case:
+// NCCL 2.28 connects ranks lazily at their first collective (NCCL_RUNTIME_CONNECT), and that
+// handshake can block rank 0 outside a collective (the first version of this test hung past
+// ctest's 60 s that way, or in the abort). The hung rank ends only when its group is cancelled,
+// which rank 0's watchdog does before it aborts: NCCL frees a process's shared resources only
+// when its last communicator is aborted or destroyed.
 TEST(Communicator, AHungPeerEndsTheCollectiveWithAClearError) {
   GPULAB_REQUIRE_GPU();
   if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 GPUs, " << visible_gpus() << " visible";
