@@ -21,8 +21,14 @@ constexpr auto kPoll = std::chrono::microseconds(100);
 
 static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId), "UniqueId must hold an ncclUniqueId");
 
-// The cancellation flag of the run_ranks group this thread belongs to (null elsewhere).
-thread_local const std::atomic<bool>* tls_cancel = nullptr;
+// A run_ranks group: cancelled once any rank failed, and the rank that failed first.
+struct Group {
+  std::atomic<bool> cancel{false};
+  std::atomic<int> cause{-1};
+};
+// The group this thread is a rank of (null elsewhere), and its rank.
+thread_local Group* tls_group = nullptr;
+thread_local int tls_rank = -1;
 
 ncclDataType_t nccl_type(core::DType dt) {
   switch (dt) {
@@ -40,7 +46,14 @@ ncclDataType_t nccl_type(core::DType dt) {
 
 }  // namespace
 
-bool cancelled() { return tls_cancel && tls_cancel->load(std::memory_order_relaxed); }
+bool cancelled() { return tls_group && tls_group->cancel.load(std::memory_order_relaxed); }
+
+void cancel_group() {
+  if (!tls_group) return;
+  int none = -1;
+  tls_group->cause.compare_exchange_strong(none, tls_rank);
+  tls_group->cancel = true;
+}
 
 UniqueId make_unique_id() {
   ncclUniqueId id;
@@ -70,8 +83,9 @@ Communicator::Communicator(const UniqueId& id, int rank, int world, int device, 
 
 Communicator::~Communicator() {
   if (!comm_ || aborted_) return;
-  // Unwinding: a peer may be waiting on us or gone, so a flush could wait forever.
-  bool abort = std::uncaught_exceptions() > 0;
+  // Unwinding, or a sibling rank failed: a peer may be waiting on us, aborting or gone, so a
+  // flush could wait forever (or for the whole timeout).
+  bool abort = std::uncaught_exceptions() > 0 || cancelled();
   if (!abort) {
     ncclResult_t r = ncclCommFinalize(comm_);
     const auto end = Clock::now() + opt_.timeout;
@@ -86,6 +100,10 @@ Communicator::~Communicator() {
 }
 
 void Communicator::fail(const std::string& why) {
+  // Sibling threads first: they abort too, from their own watchdogs, rather than wait for a
+  // collective that this abort ends. NCCL frees a process's shared resources only when its last
+  // communicator is aborted or destroyed.
+  cancel_group();
   if (comm_ && !aborted_) GPULAB_CHECK_NOTHROW(ncclCommAbort(comm_));
   aborted_ = true;
   throw core::Error("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + why);
@@ -172,26 +190,32 @@ void Communicator::check() {
 
 void run_ranks(int n, const std::function<void(int rank)>& fn) {
   if (n < 1) throw core::InputError("need at least one rank");
-  std::atomic<bool> cancel{false};
+  Group group;
   std::mutex mutex;
-  std::exception_ptr first;
+  std::exception_ptr first;  // the first to land
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));  // by rank
   std::vector<std::thread> threads;
   threads.reserve(size_t(n));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      tls_cancel = &cancel;
+      tls_group = &group;
+      tls_rank = r;
       try {
         fn(r);
       } catch (...) {
+        cancel_group();
         std::lock_guard lock(mutex);
-        // The first failure is the cause; the others' are mostly "stopped because another rank failed".
-        if (!first) first = std::current_exception();
-        cancel = true;
+        errors[size_t(r)] = std::current_exception();
+        if (!first) first = errors[size_t(r)];
       }
-      tls_cancel = nullptr;
+      tls_group = nullptr;
+      tls_rank = -1;
     });
   }
   for (auto& t : threads) t.join();
+  // The cause, not the others' "stopped because another rank failed", which may land first.
+  const int cause = group.cause.load();
+  if (cause >= 0 && errors[size_t(cause)]) std::rethrow_exception(errors[size_t(cause)]);
   if (first) std::rethrow_exception(first);
 }
 

@@ -78,5 +78,9 @@ void run_ranks(int n, const std::function<void(int rank)>& fn);
 void run_on_gpus(int n, const std::function<void(int rank)>& fn);
 // True on a run_ranks thread whose group has a failed rank.
 bool cancelled();
+// On a run_ranks thread: cancels its group, naming this rank the cause when none is yet, so that
+// run_ranks rethrows this rank's error even if a sibling's "stopped because another rank failed"
+// lands first. Elsewhere nothing. A watchdog calls it before ncclCommAbort.
+void cancel_group();
 
 }  // namespace gpulab::comm

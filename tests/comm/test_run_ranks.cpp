@@ -55,6 +55,31 @@ TEST(RunRanks, TheFirstFailureIsRethrownAndTheOthersAreCancelled) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
 
+// A watchdog that gives up cancels its siblings before its own abort and throw: their "stopped"
+// errors land first, but the error rethrown is the cause's.
+TEST(RunRanks, TheRankThatCancelsIsTheCauseEvenWhenItsErrorLandsLast) {
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<int> stopped{0};
+  try {
+    run_ranks(3, [&](int r) {
+      if (r == 1) {
+        cancel_group();
+        while (stopped < 2 && std::chrono::steady_clock::now() - start < 10s) std::this_thread::sleep_for(1ms);
+        throw core::Error("rank 1: no progress (the cause)");
+      }
+      while (!cancelled()) std::this_thread::sleep_for(1ms);
+      ++stopped;
+      throw core::Error("rank " + std::to_string(r) + " stopped because another rank failed");
+    });
+    FAIL() << "expected rank 1's error";
+  } catch (const core::Error& e) {
+    EXPECT_STREQ(e.what(), "rank 1: no progress (the cause)");
+  }
+  EXPECT_EQ(stopped.load(), 2);
+  cancel_group();  // outside a group: nothing
+  EXPECT_FALSE(cancelled());
+}
+
 TEST(RunRanks, RejectsAnEmptyGroup) { EXPECT_THROW(run_ranks(0, [](int) {}), core::InputError); }
 
 }  // namespace

@@ -25,9 +25,11 @@ std::string read_text(const fs::path& p) {
   return s.str();
 }
 
-// Rank `rank` of 2 as a torchrun worker would start it, training a tiny model with `args`.
+// Rank `rank` of 2 as a torchrun worker would start it, training a tiny model with `args`. Through
+// env(1): `timeout` runs a program, and plain VAR=value words are no program; env also execs the
+// binary in its own pid, so `$!` is the rank that the kill below ends.
 std::string rank_line(int rank, int port, const std::string& args) {
-  return "RANK=" + std::to_string(rank) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
+  return "env RANK=" + std::to_string(rank) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
          " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + GPULAB_EXE +
          " train --synthetic --depth 18 --classes 10 --image-size 32 --batch 8 " + args;
 }
