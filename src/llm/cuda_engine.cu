@@ -246,6 +246,14 @@ struct CudaEngine::Impl {
     }
   }
 
+  // Host to device on the engine's stream, done on return. A plain cudaMemcpy goes on the legacy
+  // stream, which the engine's non-blocking stream does not wait for, and from pageable memory it
+  // may return before the data lands: fp8_quantize could read the staging buffer before it.
+  void copy_up(void* dst, const void* src, size_t bytes) {
+    GPULAB_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, *stream));
+    stream->synchronize();
+  }
+
   // Uploads this rank's slice of HF tensor `name` (all of it without tensor parallelism) to
   // `dst`, as bf16 (or float for `as_float`).
   void upload(const WeightSource& src, const std::string& name, void* dst, bool as_float = false) {
@@ -257,14 +265,14 @@ struct CudaEngine::Impl {
     const int64_t n = runs.numel();
     if (as_float) {
       const std::vector<float> v = src.load_f32(name, slice);
-      GPULAB_CHECK(cudaMemcpy(dst, v.data(), n * 4, cudaMemcpyHostToDevice));
+      copy_up(dst, v.data(), n * 4);
     } else if (src.is_random()) {
       fill_random_kernel<<<std::min<int64_t>((n + 255) / 256, 8192), 256, 0, *stream>>>(
           static_cast<bf16*>(dst), n, runs.length, runs.first, runs.stride, random_fill(name, src.seed()));
       GPULAB_CHECK_LAUNCH();
     } else {
       const std::vector<uint16_t> v = src.load_bf16(name, slice);
-      GPULAB_CHECK(cudaMemcpy(dst, v.data(), n * 2, cudaMemcpyHostToDevice));
+      copy_up(dst, v.data(), n * 2);
     }
   }
 
@@ -291,8 +299,8 @@ struct CudaEngine::Impl {
         });
         const std::vector<float> all = src.fp8_row_scales(name);  // a row slice takes its rows' scales
         const int64_t first_row = slice.dim == 0 ? slice.begin : 0;
-        GPULAB_CHECK(cudaMemcpy(dst, mine.data(), mine.size(), cudaMemcpyHostToDevice));
-        GPULAB_CHECK(cudaMemcpy(scales, all.data() + first_row, rows * 4, cudaMemcpyHostToDevice));
+        copy_up(dst, mine.data(), mine.size());
+        copy_up(scales, all.data() + first_row, rows * 4);
       } else {
         if (staging.size() < static_cast<size_t>(rows * L.k)) staging = core::DeviceBuffer<bf16>(rows * L.k);
         upload_slice(src, name, slice, staging.get(), false);
@@ -750,7 +758,7 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
     core::log_info("the checkpoint holds fp8 weights, dequantized to bf16 here; --weights fp8 keeps them in fp8");
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim, c.dtype);
   m.inv_freq = core::DeviceBuffer<float>(inv.size());
-  GPULAB_CHECK(cudaMemcpy(m.inv_freq.get(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  m.copy_up(m.inv_freq.get(), inv.data(), inv.size() * 4);
   m.skinny_decode = decode_uses_skinny_gemm(options, m.model);
   m.allocate_buffers();
   if (m.fp8()) m.fp8_into_float = m.probe_fp8_into_float();
