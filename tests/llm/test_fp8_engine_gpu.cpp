@@ -166,6 +166,39 @@ TEST(Fp8Engine, GreedyIsBatchIndependentAndFollowsBf16UpToNearTies) {
   EXPECT_LE(flips, n * static_cast<int64_t>(p.size()) / 4);  // ~15 % of the fixture positions are fp8 near ties
 }
 
+// Neither the order engines are built in nor CUDA graphs may change results: an engine without
+// graphs built first, one with graphs built next and one without graphs built after that one
+// replayed its decode graph give bit-identical prefill logits and the same greedy tokens. Which
+// check fails tells apart a graph replay that differs, engines that differ from the start, and
+// an engine spoiled by another's replays.
+TEST(Fp8Engine, EngineOrderAndCudaGraphsDoNotChangeResults) {
+  GPULAB_REQUIRE_GPU();
+  const WeightSource src = tiny();
+  EngineOptions eager_opt = options(WeightFormat::fp8);
+  eager_opt.cuda_graphs = false;
+  const auto cases = testing::load_fixture_cases("llama_tiny");
+  const auto p = prompts();
+  const int64_t n = 16;
+  CudaEngine first(src, eager_opt);
+  std::vector<std::vector<float>> ref;
+  for (const auto& c : cases) ref.push_back(first.logits(c.ids));
+  const auto tokens = greedy_steps(first, p, n);
+  const auto same_logits = [&](CudaEngine& engine, const std::string& what) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const std::vector<float> got = engine.logits(cases[i].ids);
+      ASSERT_EQ(got.size(), ref[i].size());
+      EXPECT_EQ(std::memcmp(got.data(), ref[i].data(), got.size() * 4), 0) << what << ": prefill logits of case " << i;
+    }
+  };
+  CudaEngine graphs(src, options(WeightFormat::fp8));
+  same_logits(graphs, "the graph engine built second, before its first step");
+  EXPECT_EQ(greedy_steps(graphs, p, n), tokens) << "CUDA graph replay differs from the eager engine built first";
+  CudaEngine later(src, eager_opt);
+  same_logits(later, "an eager engine built after the graph engine replayed");
+  EXPECT_EQ(greedy_steps(later, p, n), tokens) << "an eager engine built after the graph engine replayed";
+  same_logits(first, "the first engine, after the others ran");
+}
+
 // A random LLaMA-2-7B shape: fp8 weights take half the bytes (one per parameter plus a scale
 // per row), the KV pool grows by what they free, and the logits stay near bf16's.
 TEST(Fp8Engine, SevenBShapeHalvesWeightBytesAndGrowsTheKvPool) {
