@@ -72,10 +72,15 @@ GpuLoader::GpuLoader(ImageFolder folder, GpuLoaderOptions opt)
 
 GpuLoader::~GpuLoader() {
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     stop_ = true;
+    work_cv_.notify_all();
+    // A thread stuck inside the decoder cannot be joined: past the stall timeout the process ends.
+    wait_or_warn(ready_cv_, lock, [&] { return exited_; }, [&] {
+      return "GPU loader: stopping, but its thread is still at batch " + std::to_string(phase_batch_.load()) + ", " +
+             phase_.load();
+    });
   }
-  work_cv_.notify_all();
   thread_.join();
   GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
   decoder_.reset();  // nvJPEG's states go before the stream and the buffers their last decode used
@@ -201,6 +206,16 @@ void GpuLoader::build(int64_t b, Slot& slot) {
 }
 
 void GpuLoader::produce() {
+  struct MarkExit {  // however the thread ends, for the destructor's bounded wait
+    GpuLoader& l;
+    ~MarkExit() {
+      {
+        std::lock_guard lock(l.mutex_);
+        l.exited_ = true;
+      }
+      l.ready_cv_.notify_all();
+    }
+  } mark_exit{*this};
   const int64_t ring = int64_t(slots_.size());
   try {
     GPULAB_CHECK(cudaSetDevice(device_));

@@ -55,7 +55,8 @@ class GpuLoader {
 
   // The next batch, ready for work enqueued on `consumer` after this call. It stays valid until
   // the next call, which also marks on `consumer` when the GPU has finished reading it: enqueue
-  // every use of the batch on `consumer` before calling again. Rethrows the loader's failure.
+  // every use of the batch on `consumer` before calling again. Rethrows the loader's failure; a
+  // loader that delivers nothing for the stall timeout ends the process (data/stall.h).
   const GpuBatch& next(cudaStream_t consumer);
   // Returns once the loader thread has filled every free slot and its stream is idle: until the
   // next call of next() it makes no CUDA call, so another thread may capture a CUDA graph
@@ -104,6 +105,7 @@ class GpuLoader {
   int64_t consumed_ = 0;
   bool holding_ = false;
   bool stop_ = false;
+  bool exited_ = false;  // the loader thread has left produce()
   std::exception_ptr error_;
   int64_t skipped_total_ = 0;
   std::set<std::string> corrupt_;

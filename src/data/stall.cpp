@@ -1,0 +1,45 @@
+#include "data/stall.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "core/error.h"
+
+namespace gpulab::data {
+
+namespace {
+
+std::chrono::milliseconds timeout_from_env() {
+  const char* env = std::getenv("GPULAB_STALL_TIMEOUT");
+  if (!env || !*env) return kStallTimeout;
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  if (*end || !(seconds >= 0)) {
+    core::log_warn("GPULAB_STALL_TIMEOUT=", env, " is not a number of seconds; using ", kStallTimeout.count(), " s");
+    return kStallTimeout;
+  }
+  return std::chrono::milliseconds(int64_t(seconds * 1000));
+}
+
+std::atomic<int64_t>& timeout_ms() {
+  static std::atomic<int64_t> ms{timeout_from_env().count()};
+  return ms;
+}
+
+}  // namespace
+
+void set_stall_timeout(std::chrono::milliseconds timeout) { timeout_ms() = timeout.count(); }
+std::chrono::milliseconds stall_timeout() { return std::chrono::milliseconds(timeout_ms().load()); }
+
+void end_stalled_process(const std::string& why) {
+  std::cout.flush();
+  std::fflush(stdout);
+  core::log_error(why);
+  std::cerr.flush();
+  std::fflush(stderr);
+  std::_Exit(core::kExitFailure);
+}
+
+}  // namespace gpulab::data
