@@ -76,10 +76,7 @@ GpuLoader::~GpuLoader() {
     stop_ = true;
     work_cv_.notify_all();
     // A thread stuck inside the decoder cannot be joined: past the stall timeout the process ends.
-    wait_or_warn(ready_cv_, lock, [&] { return exited_; }, [&] {
-      return "GPU loader: stopping, but its thread is still at batch " + std::to_string(phase_batch_.load()) + ", " +
-             phase_.load();
-    });
+    wait_or_warn(ready_cv_, lock, [&] { return exited_; }, [&] { return "GPU loader: stopping, but " + where(); });
   }
   thread_.join();
   GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
@@ -255,7 +252,7 @@ void GpuLoader::quiesce() {
     std::unique_lock lock(mutex_);
     // Built up to the slot the consumer holds (or will take next): the thread then waits for next().
     wait_or_warn(ready_cv_, lock, [&] { return error_ || built_ >= consumed_ + ring; },
-                 [&] { return "GPU loader: waiting for the loader thread to go idle"; });
+                 [&] { return "GPU loader: waiting for the loader thread to go idle; " + where(); });
   }
   stream_.synchronize();
 }
@@ -272,10 +269,8 @@ const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
     work_cv_.notify_all();
   }
   const size_t slot = size_t(consumed_ % ring);
-  wait_or_warn(ready_cv_, lock, [&] { return error_ || done_[slot]; }, [&] {
-    return "GPU loader: batch " + std::to_string(consumed_) + " not ready; the loader thread is at batch " +
-           std::to_string(phase_batch_.load()) + ", " + phase_.load();
-  });
+  wait_or_warn(ready_cv_, lock, [&] { return error_ || done_[slot]; },
+               [&] { return "GPU loader: batch " + std::to_string(consumed_) + " not ready; " + where(); });
   if (error_) std::rethrow_exception(error_);
   Slot& s = *slots_[slot];
   GPULAB_CHECK(cudaStreamWaitEvent(consumer, s.ready.get()));
@@ -284,6 +279,10 @@ const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
   s.batch.index = consumed_;
   s.batch.epoch = consumed_ / batches_per_epoch_;
   return s.batch;
+}
+
+std::string GpuLoader::where() const {
+  return "the GPU loader's thread is at batch " + std::to_string(phase_batch_.load()) + ", " + phase_.load();
 }
 
 int64_t GpuLoader::skipped_total() const {

@@ -63,6 +63,8 @@ class GpuLoader {
   // (a context-wide synchronization in the loader, such as a cudaFree or nvJPEG's own, would
   // break the capture) on an idle device.
   void quiesce();
+  // Where the loader thread stands, for stall messages (any thread): "the GPU loader's thread is at batch 74, decoding".
+  std::string where() const;
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t skipped_total() const;  // corrupt files skipped in the batches handed out so far
   std::vector<std::string> corrupt_files() const;

@@ -42,4 +42,37 @@ void end_stalled_process(const std::string& why) {
   std::_Exit(core::kExitFailure);
 }
 
+StallWatchdog::StallWatchdog(std::chrono::milliseconds every, std::chrono::milliseconds give_up,
+                             std::function<void(const std::string&)> on_give_up)
+    : every_(every), give_up_(give_up), on_give_up_(std::move(on_give_up)), thread_([this] { run(); }) {}
+
+StallWatchdog::~StallWatchdog() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StallWatchdog::set(What what) {
+  {
+    std::lock_guard lock(mutex_);
+    what_ = std::move(what);
+    ++generation_;
+  }
+  cv_.notify_all();
+}
+
+void StallWatchdog::run() {
+  std::unique_lock lock(mutex_);
+  while (!stop_) {
+    cv_.wait(lock, [&] { return stop_ || what_; });
+    if (stop_) return;
+    const uint64_t watched = generation_;
+    wait_or_warn(cv_, lock, [&] { return stop_ || generation_ != watched; }, [&] { return what_(); }, every_, give_up_,
+                 on_give_up_);
+  }
+}
+
 }  // namespace gpulab::data

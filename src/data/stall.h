@@ -8,9 +8,12 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "core/log.h"
 
@@ -43,12 +46,55 @@ void wait_or_warn(std::condition_variable& cv, std::unique_lock<std::mutex>& loc
                   GiveUp on_give_up = &end_stalled_process) {
   for (int periods = 1; !cv.wait_for(lock, every, ready); ++periods) {
     const std::chrono::milliseconds waited = every * periods;
-    const std::string line = std::string(what()) + " (no batch for " + seconds_text(waited) + " s)";
+    const std::string line = std::string(what()) + " (waited " + seconds_text(waited) + " s)";
     if (give_up.count() > 0 && waited >= give_up)
       on_give_up(line + "; ending the run (stall timeout " + seconds_text(give_up) + " s)");
     else
       core::log_warn(line);
   }
 }
+
+// The same policy for a wait that has no timeout of its own (a CUDA synchronization): a helper
+// thread warns and gives up as wait_or_warn does while a watch() scope is open. Opening and
+// closing a scope costs a lock and a notify; the thread sleeps between scopes.
+class StallWatchdog {
+ public:
+  using What = std::function<std::string()>;  // called on the watchdog's thread
+  explicit StallWatchdog(std::chrono::milliseconds every = kStallWarning,
+                         std::chrono::milliseconds give_up = stall_timeout(),
+                         std::function<void(const std::string&)> on_give_up = &end_stalled_process);
+  ~StallWatchdog();
+  StallWatchdog(const StallWatchdog&) = delete;
+  StallWatchdog& operator=(const StallWatchdog&) = delete;
+
+  class Scope {
+   public:
+    explicit Scope(StallWatchdog& w) : w_(w) {}
+    ~Scope() { w_.set(nullptr); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    StallWatchdog& w_;
+  };
+  // Watched until the scope closes; one scope at a time.
+  [[nodiscard]] Scope watch(What what) {
+    set(std::move(what));
+    return Scope(*this);
+  }
+
+ private:
+  void set(What what);
+  void run();
+
+  std::chrono::milliseconds every_, give_up_;
+  std::function<void(const std::string&)> on_give_up_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  What what_;
+  uint64_t generation_ = 0;  // bumped by every open and close
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 }  // namespace gpulab::data
