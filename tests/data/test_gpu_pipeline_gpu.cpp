@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -258,37 +259,49 @@ TEST(GpuLoader, NvjpegDecodeIsCloseToTurboJpeg) {
   }
   const size_t bytes = want[0].rgb.size();
   const size_t stride = (bytes + 255) / 256 * 256;  // as the loader lays images out
-  core::DeviceBuffer<uint8_t> out(stride * files.size());
-  GPULAB_CHECK(cudaMemset(out.get(), 0, out.bytes()));
-  std::vector<uint8_t*> dst;
-  for (size_t i = 0; i < files.size(); ++i) dst.push_back(out.get() + i * stride);
-  auto decoder = make_batch_decoder(DecodeBackend::nvjpeg, 2);
-  std::cout << "decoder: " << decoder->name() << "\n";
-  core::Stream stream;
-  const std::vector<char> ok = decoder->decode(jpegs, dst, stream);
-  stream.synchronize();
-  const DecodeStats st = decoder->stats();
-  std::cout << "decoded: hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
-  EXPECT_EQ(st.cpu, 0) << "baseline 4:2:0 JPEGs should all decode on the GPU";
-  if (decoder->name().find("hardware") != std::string::npos)
-    EXPECT_EQ(st.hardware, int64_t(files.size())) << "the hardware engines should take baseline JPEGs";
-  std::vector<uint8_t> got(out.size());
-  GPULAB_CHECK(cudaMemcpy(got.data(), out.get(), got.size(), cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < files.size(); ++i) {
-    ASSERT_TRUE(ok[i]) << i;
-    double sum = 0;
-    int64_t far = 0;
-    int worst = 0;
-    for (size_t k = 0; k < bytes; ++k) {
-      const int d = std::abs(int(got[i * stride + k]) - int(want[i].rgb[k]));
-      sum += d;
-      far += d > 24;
-      worst = std::max(worst, d);
+  // Also with the hardware engines switched off (GPULAB_NVJPEG_HARDWARE=0, the escape from an engine fault).
+  for (const bool hardware_off : {false, true}) {
+    SCOPED_TRACE(hardware_off ? "GPULAB_NVJPEG_HARDWARE=0" : "hardware engines allowed");
+    if (hardware_off) setenv("GPULAB_NVJPEG_HARDWARE", "0", 1);
+    else unsetenv("GPULAB_NVJPEG_HARDWARE");
+    core::DeviceBuffer<uint8_t> out(stride * files.size());
+    GPULAB_CHECK(cudaMemset(out.get(), 0xA5, out.bytes()));  // poisoned: an image left unwritten fails
+    std::vector<uint8_t*> dst;
+    for (size_t i = 0; i < files.size(); ++i) dst.push_back(out.get() + i * stride);
+    auto decoder = make_batch_decoder(DecodeBackend::nvjpeg, 2);
+    std::cout << "decoder: " << decoder->name() << "\n";
+    core::Stream stream;
+    const std::vector<char> ok = decoder->decode(jpegs, dst, stream);
+    stream.synchronize();
+    const DecodeStats st = decoder->stats();
+    std::cout << "decoded: hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
+    EXPECT_EQ(st.cpu, 0) << "baseline 4:2:0 JPEGs should all decode on the GPU";
+    if (hardware_off) {
+      EXPECT_NE(decoder->name().find("GPULAB_NVJPEG_HARDWARE=0"), std::string::npos) << decoder->name();
+      EXPECT_EQ(st.hardware, 0);
+      EXPECT_EQ(st.gpu_hybrid, int64_t(files.size()));
+    } else if (decoder->name().find("hardware") != std::string::npos) {
+      EXPECT_EQ(st.hardware, int64_t(files.size())) << "the hardware engines should take baseline JPEGs";
     }
-    // The IDCTs and chroma upsampling differ slightly: small on average, large only at a few colour edges.
-    EXPECT_LE(sum / double(bytes), 1.5) << "image " << i << " (max " << worst << ")";
-    EXPECT_LE(double(far) / double(bytes), 0.01) << "image " << i;
+    std::vector<uint8_t> got(out.size());
+    GPULAB_CHECK(cudaMemcpy(got.data(), out.get(), got.size(), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < files.size(); ++i) {
+      ASSERT_TRUE(ok[i]) << i;
+      double sum = 0;
+      int64_t far = 0;
+      int worst = 0;
+      for (size_t k = 0; k < bytes; ++k) {
+        const int d = std::abs(int(got[i * stride + k]) - int(want[i].rgb[k]));
+        sum += d;
+        far += d > 24;
+        worst = std::max(worst, d);
+      }
+      // The IDCTs and chroma upsampling differ slightly: small on average, large only at a few colour edges.
+      EXPECT_LE(sum / double(bytes), 1.5) << "image " << i << " (max " << worst << ")";
+      EXPECT_LE(double(far) / double(bytes), 0.01) << "image " << i;
+    }
   }
+  unsetenv("GPULAB_NVJPEG_HARDWARE");
 }
 
 TEST(GpuLoader, NvjpegPipelineMatchesTheCpuLoader) {
