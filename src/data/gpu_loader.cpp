@@ -80,6 +80,7 @@ GpuLoader::~GpuLoader() {
   }
   thread_.join();
   GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
+  GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(resize_stream_));
   decoder_.reset();  // nvJPEG's states go before the stream and the buffers their last decode used
 }
 
@@ -186,14 +187,16 @@ void GpuLoader::build(int64_t b, Slot& slot) {
   }
   slot.batch.skipped = skipped;
   phase_ = "enqueuing the resize";
+  decoded_.record(stream_);
+  // The consumer may still read this slot's previous batch: its images and its labels.
+  GPULAB_CHECK(cudaStreamWaitEvent(resize_stream_, slot.released.get()));
   GPULAB_CHECK(cudaMemcpyAsync(slot.jobs.get(), slot.host_jobs.get(), count * sizeof(ResizeJob), cudaMemcpyHostToDevice,
-                               stream_));
+                               resize_stream_));
   GPULAB_CHECK(cudaMemcpyAsync(slot.labels.get(), slot.host_labels.get(), count * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, stream_));
-  // The consumer may still read this slot's previous batch.
-  GPULAB_CHECK(cudaStreamWaitEvent(stream_, slot.released.get()));
-  resized_crop_normalize(slot.jobs.get(), int(count), opt_.augment, slot.images.get(), stream_);
-  slot.ready.record(stream_);
+                               cudaMemcpyHostToDevice, resize_stream_));
+  GPULAB_CHECK(cudaStreamWaitEvent(resize_stream_, decoded_.get()));
+  resized_crop_normalize(slot.jobs.get(), int(count), opt_.augment, slot.images.get(), resize_stream_);
+  slot.ready.record(resize_stream_);
   std::lock_guard lock(mutex_);
   decode_stats_ = decoder_->stats();
   ++times_.batches;
@@ -255,6 +258,7 @@ void GpuLoader::quiesce() {
                  [&] { return "GPU loader: waiting for the loader thread to go idle; " + where(); });
   }
   stream_.synchronize();
+  resize_stream_.synchronize();
 }
 
 const GpuBatch& GpuLoader::next(cudaStream_t consumer) {

@@ -1,6 +1,6 @@
 // The GPU data pipeline: files are read and their headers checked on CPU threads, decoded by a
 // BatchDecoder (nvJPEG's hardware engines where present), then cropped, resized, flipped and
-// normalized by one CUDA kernel, all on the loader's own stream, `prefetch` batches ahead of the
+// normalized by one CUDA kernel, on the loader's own streams, `prefetch` batches ahead of the
 // consumer. Order, crops and flips come from sampling.h, so for one seed the GPU loader hands out
 // the same images, labels and crops as the CPU Loader (pixels within decoder and float rounding).
 // A corrupt file is skipped (the next file of the epoch's order takes its place) and counted.
@@ -92,10 +92,15 @@ class GpuLoader {
   std::unique_ptr<BatchDecoder> decoder_;
   std::string decoder_name_;
 
-  // Producer-only state: the loader stream (quiesce() also waits for it) and the current epoch's
-  // order. The stream has high priority so a batch's decode and augment kernels are not queued
-  // behind a training step's.
-  core::Stream stream_{core::StreamPriority::high};
+  // Producer-only state: the loader's streams (quiesce() also waits for them) and the current
+  // epoch's order. Decoding has a stream of its own that never waits on the consumer: the decoder's
+  // own host synchronizations (nvJPEG's, TurboJPEG's staging) then wait for decode work only, never
+  // for a training step queued behind a release event, and a batch decodes while the consumer
+  // still holds the slot. The resize stream waits for the decode and for the slot's release. Both
+  // have high priority so the loader's kernels are not queued behind a training step's.
+  core::Stream stream_{core::StreamPriority::high};  // decode
+  core::Stream resize_stream_{core::StreamPriority::high};
+  core::Event decoded_{cudaEventDisableTiming};  // stream_: the batch being built is decoded
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
 

@@ -394,13 +394,15 @@ TEST(GpuLoader, AllCorruptIsAnErrorNotAHang) {
   EXPECT_THROW(gpu.next(stream), core::InputError);
 }
 
-// Batches copied out on `stream`; with `slow_consumer`, a 30 ms host stall sits before each copy
-// on the stream, so a loader that did not wait for the consumer would overwrite the batch first.
+// Batches (images, then labels) copied out on `stream`; with `slow_consumer`, a 30 ms host stall
+// sits before each copy on the stream, so a loader that did not wait for the consumer would
+// overwrite the batch's images or labels first.
 std::vector<std::vector<std::byte>> run_loader(const ImageFolder& folder, const GpuLoaderOptions& go, int batches,
                                                bool slow_consumer) {
   GpuLoader gpu(folder, go);
   core::Stream stream;
   const size_t bytes = size_t(go.batch) * go.augment.size * go.augment.size * 3 * core::dtype_size(go.augment.out);
+  const size_t label_bytes = size_t(go.batch) * sizeof(int32_t);
   std::vector<std::vector<std::byte>> out;
   std::vector<core::PinnedBuffer<std::byte>> pinned;
   for (int b = 0; b < batches; ++b) {
@@ -408,11 +410,13 @@ std::vector<std::vector<std::byte>> run_loader(const ImageFolder& folder, const 
     if (slow_consumer)
       GPULAB_CHECK(cudaLaunchHostFunc(
           stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }, nullptr));
-    pinned.emplace_back(bytes);
+    pinned.emplace_back(bytes + label_bytes);
     GPULAB_CHECK(cudaMemcpyAsync(pinned.back().get(), batch.images, bytes, cudaMemcpyDeviceToHost, stream));
+    GPULAB_CHECK(
+        cudaMemcpyAsync(pinned.back().get() + bytes, batch.labels, label_bytes, cudaMemcpyDeviceToHost, stream));
   }
   stream.synchronize();
-  for (auto& p : pinned) out.emplace_back(p.get(), p.get() + bytes);
+  for (auto& p : pinned) out.emplace_back(p.get(), p.get() + bytes + label_bytes);
   return out;
 }
 
@@ -452,15 +456,17 @@ TEST(GpuLoader, QuiescedLoaderLetsAnotherThreadCaptureAGraph) {
   go.seed = 5;
   go.augment.size = 32;
   const auto want = run_loader(folder, go, 6, false);
-  const size_t bytes = want[0].size();
+  const size_t label_bytes = size_t(go.batch) * sizeof(int32_t);
+  const size_t bytes = want[0].size() - label_bytes;  // as run_loader: images, then labels
   GpuLoader gpu(folder, go);
   core::Stream stream, side;
   core::DeviceBuffer<int> scratch(1);
   std::vector<std::vector<std::byte>> got;
   auto take = [&] {
     const GpuBatch& b = gpu.next(stream);
-    got.emplace_back(bytes);
+    got.emplace_back(bytes + label_bytes);
     GPULAB_CHECK(cudaMemcpyAsync(got.back().data(), b.images, bytes, cudaMemcpyDeviceToHost, stream));
+    GPULAB_CHECK(cudaMemcpyAsync(got.back().data() + bytes, b.labels, label_bytes, cudaMemcpyDeviceToHost, stream));
     stream.synchronize();
   };
   take();
