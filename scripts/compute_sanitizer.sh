@@ -62,6 +62,8 @@ run_one() {
   local devices
   IFS=, read -ra devices <<< "$device_list"
   export CUDA_VISIBLE_DEVICES=${devices[index % ${#devices[@]}]}
+  # The sanitizers slow every kernel: the script's --timeout ends a stuck run, not gpulab's stall timeout.
+  export GPULAB_STALL_TIMEOUT=${GPULAB_STALL_TIMEOUT:-0}
   (cd "$(dirname "$exe")" && timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1
   code=$?
   errors=$(grep -ho 'ERROR SUMMARY: [0-9]* error' "$log" | awk '{s += $3} END {print s + 0}')

@@ -9,6 +9,7 @@
 #include "cli/table.h"
 #include "core/progress.h"
 #include "core/result.h"
+#include "data/stall.h"
 #include "train/trainer.h"
 
 namespace gpulab::cli {
@@ -25,6 +26,7 @@ struct TrainCli {
   double bucket_mb = 25;
   std::string allreduce_dtype = "fp32";
   double comm_timeout = 300;
+  std::optional<double> stall_timeout;  // else GPULAB_STALL_TIMEOUT or data::kStallTimeout
 };
 
 int run_train(TrainCli& c) {
@@ -35,6 +37,7 @@ int run_train(TrainCli& c) {
   o.parallel.bucket_bytes = int64_t(c.bucket_mb * (1 << 20));
   o.parallel.allreduce_dtype = train::allreduce_dtype_from_name(c.allreduce_dtype);
   o.parallel.timeout = std::chrono::milliseconds(int64_t(c.comm_timeout * 1000));
+  if (c.stall_timeout) data::set_stall_timeout(std::chrono::milliseconds(int64_t(*c.stall_timeout * 1000)));
   // Defaults of the usual recipes: torchvision SGD 1e-4, MLPerf LARS 5e-5, LAMB 0.01.
   o.optimizer.weight_decay = c.weight_decay.value_or(o.optimizer.kind == train::OptimizerKind::sgd    ? 1e-4f
                                                      : o.optimizer.kind == train::OptimizerKind::lars ? 5e-5f
@@ -152,6 +155,10 @@ void add_train_command(CLI::App& app, Runner& run) {
                   "Data parallel: seconds before a missing, dead or hung rank ends the job with an error")
       ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
+  sub->add_option("--stall-timeout", c->stall_timeout,
+                  "Seconds without a batch from the input pipeline (a stuck decoder or GPU) before the run ends "
+                  "with an error; 0 waits forever (default: GPULAB_STALL_TIMEOUT, else 300)")
+      ->check(CLI::Range(0.0, 86400.0));
   sub->add_option("--json", c->json_path, "Write the result (img/s, losses, settings) as JSON");
   auto* ckpt = sub->add_option("--checkpoint", o.checkpoint_dir,
                                "Write DIR/checkpoint.safetensors (weights, optimizer, loss scaler, position), atomically");

@@ -72,12 +72,15 @@ GpuLoader::GpuLoader(ImageFolder folder, GpuLoaderOptions opt)
 
 GpuLoader::~GpuLoader() {
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     stop_ = true;
+    work_cv_.notify_all();
+    // A thread stuck inside the decoder cannot be joined: past the stall timeout the process ends.
+    wait_or_warn(ready_cv_, lock, [&] { return exited_; }, [&] { return "GPU loader: stopping, but " + where(); });
   }
-  work_cv_.notify_all();
   thread_.join();
   GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
+  GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(resize_stream_));
   decoder_.reset();  // nvJPEG's states go before the stream and the buffers their last decode used
 }
 
@@ -184,14 +187,16 @@ void GpuLoader::build(int64_t b, Slot& slot) {
   }
   slot.batch.skipped = skipped;
   phase_ = "enqueuing the resize";
+  decoded_.record(stream_);
+  // The consumer may still read this slot's previous batch: its images and its labels.
+  GPULAB_CHECK(cudaStreamWaitEvent(resize_stream_, slot.released.get()));
   GPULAB_CHECK(cudaMemcpyAsync(slot.jobs.get(), slot.host_jobs.get(), count * sizeof(ResizeJob), cudaMemcpyHostToDevice,
-                               stream_));
+                               resize_stream_));
   GPULAB_CHECK(cudaMemcpyAsync(slot.labels.get(), slot.host_labels.get(), count * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, stream_));
-  // The consumer may still read this slot's previous batch.
-  GPULAB_CHECK(cudaStreamWaitEvent(stream_, slot.released.get()));
-  resized_crop_normalize(slot.jobs.get(), int(count), opt_.augment, slot.images.get(), stream_);
-  slot.ready.record(stream_);
+                               cudaMemcpyHostToDevice, resize_stream_));
+  GPULAB_CHECK(cudaStreamWaitEvent(resize_stream_, decoded_.get()));
+  resized_crop_normalize(slot.jobs.get(), int(count), opt_.augment, slot.images.get(), resize_stream_);
+  slot.ready.record(resize_stream_);
   std::lock_guard lock(mutex_);
   decode_stats_ = decoder_->stats();
   ++times_.batches;
@@ -201,6 +206,16 @@ void GpuLoader::build(int64_t b, Slot& slot) {
 }
 
 void GpuLoader::produce() {
+  struct MarkExit {  // however the thread ends, for the destructor's bounded wait
+    GpuLoader& l;
+    ~MarkExit() {
+      {
+        std::lock_guard lock(l.mutex_);
+        l.exited_ = true;
+      }
+      l.ready_cv_.notify_all();
+    }
+  } mark_exit{*this};
   const int64_t ring = int64_t(slots_.size());
   try {
     GPULAB_CHECK(cudaSetDevice(device_));
@@ -240,9 +255,10 @@ void GpuLoader::quiesce() {
     std::unique_lock lock(mutex_);
     // Built up to the slot the consumer holds (or will take next): the thread then waits for next().
     wait_or_warn(ready_cv_, lock, [&] { return error_ || built_ >= consumed_ + ring; },
-                 [&] { return "GPU loader: waiting for the loader thread to go idle"; });
+                 [&] { return "GPU loader: waiting for the loader thread to go idle; " + where(); });
   }
   stream_.synchronize();
+  resize_stream_.synchronize();
 }
 
 const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
@@ -257,10 +273,8 @@ const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
     work_cv_.notify_all();
   }
   const size_t slot = size_t(consumed_ % ring);
-  wait_or_warn(ready_cv_, lock, [&] { return error_ || done_[slot]; }, [&] {
-    return "GPU loader: batch " + std::to_string(consumed_) + " not ready; the loader thread is at batch " +
-           std::to_string(phase_batch_.load()) + ", " + phase_.load();
-  });
+  wait_or_warn(ready_cv_, lock, [&] { return error_ || done_[slot]; },
+               [&] { return "GPU loader: batch " + std::to_string(consumed_) + " not ready; " + where(); });
   if (error_) std::rethrow_exception(error_);
   Slot& s = *slots_[slot];
   GPULAB_CHECK(cudaStreamWaitEvent(consumer, s.ready.get()));
@@ -269,6 +283,10 @@ const GpuBatch& GpuLoader::next(cudaStream_t consumer) {
   s.batch.index = consumed_;
   s.batch.epoch = consumed_ / batches_per_epoch_;
   return s.batch;
+}
+
+std::string GpuLoader::where() const {
+  return "the GPU loader's thread is at batch " + std::to_string(phase_batch_.load()) + ", " + phase_.load();
 }
 
 int64_t GpuLoader::skipped_total() const {

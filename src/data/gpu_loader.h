@@ -1,6 +1,6 @@
 // The GPU data pipeline: files are read and their headers checked on CPU threads, decoded by a
 // BatchDecoder (nvJPEG's hardware engines where present), then cropped, resized, flipped and
-// normalized by one CUDA kernel, all on the loader's own stream, `prefetch` batches ahead of the
+// normalized by one CUDA kernel, on the loader's own streams, `prefetch` batches ahead of the
 // consumer. Order, crops and flips come from sampling.h, so for one seed the GPU loader hands out
 // the same images, labels and crops as the CPU Loader (pixels within decoder and float rounding).
 // A corrupt file is skipped (the next file of the epoch's order takes its place) and counted.
@@ -55,13 +55,16 @@ class GpuLoader {
 
   // The next batch, ready for work enqueued on `consumer` after this call. It stays valid until
   // the next call, which also marks on `consumer` when the GPU has finished reading it: enqueue
-  // every use of the batch on `consumer` before calling again. Rethrows the loader's failure.
+  // every use of the batch on `consumer` before calling again. Rethrows the loader's failure; a
+  // loader that delivers nothing for the stall timeout ends the process (data/stall.h).
   const GpuBatch& next(cudaStream_t consumer);
   // Returns once the loader thread has filled every free slot and its stream is idle: until the
   // next call of next() it makes no CUDA call, so another thread may capture a CUDA graph
   // (a context-wide synchronization in the loader, such as a cudaFree or nvJPEG's own, would
   // break the capture) on an idle device.
   void quiesce();
+  // Where the loader thread stands, for stall messages (any thread): "the GPU loader's thread is at batch 74, decoding".
+  std::string where() const;
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t skipped_total() const;  // corrupt files skipped in the batches handed out so far
   std::vector<std::string> corrupt_files() const;
@@ -89,10 +92,15 @@ class GpuLoader {
   std::unique_ptr<BatchDecoder> decoder_;
   std::string decoder_name_;
 
-  // Producer-only state: the loader stream (quiesce() also waits for it) and the current epoch's
-  // order. The stream has high priority so a batch's decode and augment kernels are not queued
-  // behind a training step's.
-  core::Stream stream_{core::StreamPriority::high};
+  // Producer-only state: the loader's streams (quiesce() also waits for them) and the current
+  // epoch's order. Decoding has a stream of its own that never waits on the consumer: the decoder's
+  // own host synchronizations (nvJPEG's, TurboJPEG's staging) then wait for decode work only, never
+  // for a training step queued behind a release event, and a batch decodes while the consumer
+  // still holds the slot. The resize stream waits for the decode and for the slot's release. Both
+  // have high priority so the loader's kernels are not queued behind a training step's.
+  core::Stream stream_{core::StreamPriority::high};  // decode
+  core::Stream resize_stream_{core::StreamPriority::high};
+  core::Event decoded_{cudaEventDisableTiming};  // stream_: the batch being built is decoded
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
 
@@ -104,6 +112,7 @@ class GpuLoader {
   int64_t consumed_ = 0;
   bool holding_ = false;
   bool stop_ = false;
+  bool exited_ = false;  // the loader thread has left produce()
   std::exception_ptr error_;
   int64_t skipped_total_ = 0;
   std::set<std::string> corrupt_;

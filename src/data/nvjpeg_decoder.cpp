@@ -2,11 +2,14 @@
 // backend that takes them: the hardware JPEG engines (A100/H100/H200: baseline JPEGs), nvJPEG's
 // GPU-hybrid backend, and TurboJPEG on the CPU for what neither supports (CMYK, ...). A batch
 // call that fails (corrupt data) is retried one level down, so a bad file costs time, never a crash.
+// GPULAB_NVJPEG_HARDWARE=0 leaves the hardware engines out (the GPU-hybrid backend takes their
+// images): a way around an engine or driver fault without leaving the GPU pipeline.
 #include <nvjpeg.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
-
 
 #include "core/error.h"
 #include "data/gpu_decode.h"
@@ -34,6 +37,11 @@ const char* status_name(nvjpegStatus_t s) {
 
 void check(nvjpegStatus_t s, const char* what) {
   if (s != NVJPEG_STATUS_SUCCESS) throw core::Error(std::string("nvJPEG: ") + what + ": " + status_name(s));
+}
+
+bool hardware_switched_off() {
+  const char* env = std::getenv("GPULAB_NVJPEG_HARDWARE");
+  return env && !std::strcmp(env, "0");
 }
 
 // One nvJPEG backend: handle, batched-decode state, and the batch size it was initialized for.
@@ -92,7 +100,8 @@ class NvjpegBatchDecoder : public BatchDecoder {
   explicit NvjpegBatchDecoder(int threads) : cpu_(make_cpu_batch_decoder(threads)) {
     // The engines upsample chroma their own way. The CUDA backend can interpolate, closer to
     // libjpeg's "fancy" upsampling; a library without that flag creates it plain.
-    has_hardware_ = hardware_.create(NVJPEG_BACKEND_HARDWARE, {NVJPEG_FLAGS_DEFAULT});
+    hardware_off_ = hardware_switched_off();
+    has_hardware_ = !hardware_off_ && hardware_.create(NVJPEG_BACKEND_HARDWARE, {NVJPEG_FLAGS_DEFAULT});
     if (!hybrid_.create(NVJPEG_BACKEND_GPU_HYBRID, {NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, NVJPEG_FLAGS_DEFAULT}))
       throw core::Error("nvJPEG: cannot create the GPU-hybrid backend");
     check(nvjpegJpegStreamCreate(primary().handle, &parsed_), "creating a stream parser");
@@ -102,7 +111,9 @@ class NvjpegBatchDecoder : public BatchDecoder {
   }
 
   std::string name() const override {
-    return has_hardware_ ? "nvJPEG hardware decoder" : "nvJPEG GPU hybrid (no hardware JPEG decoder on this GPU)";
+    return has_hardware_   ? "nvJPEG hardware decoder"
+           : hardware_off_ ? "nvJPEG GPU hybrid (hardware JPEG decoder off: GPULAB_NVJPEG_HARDWARE=0)"
+                           : "nvJPEG GPU hybrid (no hardware JPEG decoder on this GPU)";
   }
   DecodeStats stats() const override { return stats_; }
 
@@ -146,6 +157,7 @@ class NvjpegBatchDecoder : public BatchDecoder {
   std::unique_ptr<BatchDecoder> cpu_;
   Backend hardware_, hybrid_;
   bool has_hardware_ = false;
+  bool hardware_off_ = false;  // GPULAB_NVJPEG_HARDWARE=0
   nvjpegJpegStream_t parsed_ = nullptr;
   DecodeStats stats_;
 };

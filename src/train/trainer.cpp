@@ -18,6 +18,7 @@
 #include "data/folder.h"
 #include "data/gpu_loader.h"
 #include "data/loader.h"
+#include "data/stall.h"
 #include "data/rng.h"
 #include "train/captured_graph.h"
 #include "train/checkpoint.h"
@@ -277,11 +278,19 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
     ~DrainOnExit() { GPULAB_CHECK_NOTHROW(cudaStreamSynchronize(s)); }
   } drain_on_exit{stream};
   int64_t next_report = start;
+  data::StallWatchdog watchdog;  // a step that never finishes on the GPU ends the run (data/stall.h)
   // Reports the oldest unreported step, in step order, once its copies have landed.
   auto report_step = [&] {
     StepFigures& f = ring[size_t(next_report % int64_t(ring.size()))];
-    if (dp) dp->wait(stream);  // the NCCL watchdog: a dead peer is an error, not a hang
-    else f.done.synchronize();
+    if (dp) {
+      dp->wait(stream);  // the NCCL watchdog: a dead peer is an error, not a hang
+    } else {
+      const auto watched = watchdog.watch([&, step = next_report] {
+        return "training: step " + std::to_string(step) + " has not finished on the GPU" +
+               (gpu_loader ? "; " + gpu_loader->where() : "");
+      });
+      f.done.synchronize();
+    }
     StepReport r = f.report;
     r.loss_scale = scaler ? f.scale.get()->scale : 1.f;
     r.loss = ResNet::mean_loss(f.row_loss.get(), opt.batch);  // of the last micro-batch

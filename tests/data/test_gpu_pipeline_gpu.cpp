@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -258,37 +259,49 @@ TEST(GpuLoader, NvjpegDecodeIsCloseToTurboJpeg) {
   }
   const size_t bytes = want[0].rgb.size();
   const size_t stride = (bytes + 255) / 256 * 256;  // as the loader lays images out
-  core::DeviceBuffer<uint8_t> out(stride * files.size());
-  GPULAB_CHECK(cudaMemset(out.get(), 0, out.bytes()));
-  std::vector<uint8_t*> dst;
-  for (size_t i = 0; i < files.size(); ++i) dst.push_back(out.get() + i * stride);
-  auto decoder = make_batch_decoder(DecodeBackend::nvjpeg, 2);
-  std::cout << "decoder: " << decoder->name() << "\n";
-  core::Stream stream;
-  const std::vector<char> ok = decoder->decode(jpegs, dst, stream);
-  stream.synchronize();
-  const DecodeStats st = decoder->stats();
-  std::cout << "decoded: hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
-  EXPECT_EQ(st.cpu, 0) << "baseline 4:2:0 JPEGs should all decode on the GPU";
-  if (decoder->name().find("hardware") != std::string::npos)
-    EXPECT_EQ(st.hardware, int64_t(files.size())) << "the hardware engines should take baseline JPEGs";
-  std::vector<uint8_t> got(out.size());
-  GPULAB_CHECK(cudaMemcpy(got.data(), out.get(), got.size(), cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < files.size(); ++i) {
-    ASSERT_TRUE(ok[i]) << i;
-    double sum = 0;
-    int64_t far = 0;
-    int worst = 0;
-    for (size_t k = 0; k < bytes; ++k) {
-      const int d = std::abs(int(got[i * stride + k]) - int(want[i].rgb[k]));
-      sum += d;
-      far += d > 24;
-      worst = std::max(worst, d);
+  // Also with the hardware engines switched off (GPULAB_NVJPEG_HARDWARE=0, the escape from an engine fault).
+  for (const bool hardware_off : {false, true}) {
+    SCOPED_TRACE(hardware_off ? "GPULAB_NVJPEG_HARDWARE=0" : "hardware engines allowed");
+    if (hardware_off) setenv("GPULAB_NVJPEG_HARDWARE", "0", 1);
+    else unsetenv("GPULAB_NVJPEG_HARDWARE");
+    core::DeviceBuffer<uint8_t> out(stride * files.size());
+    GPULAB_CHECK(cudaMemset(out.get(), 0xA5, out.bytes()));  // poisoned: an image left unwritten fails
+    std::vector<uint8_t*> dst;
+    for (size_t i = 0; i < files.size(); ++i) dst.push_back(out.get() + i * stride);
+    auto decoder = make_batch_decoder(DecodeBackend::nvjpeg, 2);
+    std::cout << "decoder: " << decoder->name() << "\n";
+    core::Stream stream;
+    const std::vector<char> ok = decoder->decode(jpegs, dst, stream);
+    stream.synchronize();
+    const DecodeStats st = decoder->stats();
+    std::cout << "decoded: hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
+    EXPECT_EQ(st.cpu, 0) << "baseline 4:2:0 JPEGs should all decode on the GPU";
+    if (hardware_off) {
+      EXPECT_NE(decoder->name().find("GPULAB_NVJPEG_HARDWARE=0"), std::string::npos) << decoder->name();
+      EXPECT_EQ(st.hardware, 0);
+      EXPECT_EQ(st.gpu_hybrid, int64_t(files.size()));
+    } else if (decoder->name().find("hardware") != std::string::npos) {
+      EXPECT_EQ(st.hardware, int64_t(files.size())) << "the hardware engines should take baseline JPEGs";
     }
-    // The IDCTs and chroma upsampling differ slightly: small on average, large only at a few colour edges.
-    EXPECT_LE(sum / double(bytes), 1.5) << "image " << i << " (max " << worst << ")";
-    EXPECT_LE(double(far) / double(bytes), 0.01) << "image " << i;
+    std::vector<uint8_t> got(out.size());
+    GPULAB_CHECK(cudaMemcpy(got.data(), out.get(), got.size(), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < files.size(); ++i) {
+      ASSERT_TRUE(ok[i]) << i;
+      double sum = 0;
+      int64_t far = 0;
+      int worst = 0;
+      for (size_t k = 0; k < bytes; ++k) {
+        const int d = std::abs(int(got[i * stride + k]) - int(want[i].rgb[k]));
+        sum += d;
+        far += d > 24;
+        worst = std::max(worst, d);
+      }
+      // The IDCTs and chroma upsampling differ slightly: small on average, large only at a few colour edges.
+      EXPECT_LE(sum / double(bytes), 1.5) << "image " << i << " (max " << worst << ")";
+      EXPECT_LE(double(far) / double(bytes), 0.01) << "image " << i;
+    }
   }
+  unsetenv("GPULAB_NVJPEG_HARDWARE");
 }
 
 TEST(GpuLoader, NvjpegPipelineMatchesTheCpuLoader) {
@@ -381,13 +394,15 @@ TEST(GpuLoader, AllCorruptIsAnErrorNotAHang) {
   EXPECT_THROW(gpu.next(stream), core::InputError);
 }
 
-// Batches copied out on `stream`; with `slow_consumer`, a 30 ms host stall sits before each copy
-// on the stream, so a loader that did not wait for the consumer would overwrite the batch first.
+// Batches (images, then labels) copied out on `stream`; with `slow_consumer`, a 30 ms host stall
+// sits before each copy on the stream, so a loader that did not wait for the consumer would
+// overwrite the batch's images or labels first.
 std::vector<std::vector<std::byte>> run_loader(const ImageFolder& folder, const GpuLoaderOptions& go, int batches,
                                                bool slow_consumer) {
   GpuLoader gpu(folder, go);
   core::Stream stream;
   const size_t bytes = size_t(go.batch) * go.augment.size * go.augment.size * 3 * core::dtype_size(go.augment.out);
+  const size_t label_bytes = size_t(go.batch) * sizeof(int32_t);
   std::vector<std::vector<std::byte>> out;
   std::vector<core::PinnedBuffer<std::byte>> pinned;
   for (int b = 0; b < batches; ++b) {
@@ -395,11 +410,13 @@ std::vector<std::vector<std::byte>> run_loader(const ImageFolder& folder, const 
     if (slow_consumer)
       GPULAB_CHECK(cudaLaunchHostFunc(
           stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }, nullptr));
-    pinned.emplace_back(bytes);
+    pinned.emplace_back(bytes + label_bytes);
     GPULAB_CHECK(cudaMemcpyAsync(pinned.back().get(), batch.images, bytes, cudaMemcpyDeviceToHost, stream));
+    GPULAB_CHECK(
+        cudaMemcpyAsync(pinned.back().get() + bytes, batch.labels, label_bytes, cudaMemcpyDeviceToHost, stream));
   }
   stream.synchronize();
-  for (auto& p : pinned) out.emplace_back(p.get(), p.get() + bytes);
+  for (auto& p : pinned) out.emplace_back(p.get(), p.get() + bytes + label_bytes);
   return out;
 }
 
@@ -439,15 +456,17 @@ TEST(GpuLoader, QuiescedLoaderLetsAnotherThreadCaptureAGraph) {
   go.seed = 5;
   go.augment.size = 32;
   const auto want = run_loader(folder, go, 6, false);
-  const size_t bytes = want[0].size();
+  const size_t label_bytes = size_t(go.batch) * sizeof(int32_t);
+  const size_t bytes = want[0].size() - label_bytes;  // as run_loader: images, then labels
   GpuLoader gpu(folder, go);
   core::Stream stream, side;
   core::DeviceBuffer<int> scratch(1);
   std::vector<std::vector<std::byte>> got;
   auto take = [&] {
     const GpuBatch& b = gpu.next(stream);
-    got.emplace_back(bytes);
+    got.emplace_back(bytes + label_bytes);
     GPULAB_CHECK(cudaMemcpyAsync(got.back().data(), b.images, bytes, cudaMemcpyDeviceToHost, stream));
+    GPULAB_CHECK(cudaMemcpyAsync(got.back().data() + bytes, b.labels, label_bytes, cudaMemcpyDeviceToHost, stream));
     stream.synchronize();
   };
   take();
