@@ -53,7 +53,10 @@ for pipeline in cpu gpu; do
     echo "pipeline_story.sh: dataset load --pipeline $pipeline failed"
 done
 
-train_args=(--precision "$precision" --batch "$batch" --steps "$steps" --threads "$threads" --seed 1)
+# A stalled input pipeline ends its run within a minute rather than the caller's whole time limit.
+train_args=(--precision "$precision" --batch "$batch" --steps "$steps" --threads "$threads" --seed 1 --stall-timeout 60)
+# The Perfetto traces are large (the JSON reports keep the findings): gone however the script ends.
+trap 'rm -rf "$out"/story_trace_*' EXIT
 for pipeline in cpu gpu; do
   echo "== diagnose: train --data $data --pipeline $pipeline"
   "$gpulab" diagnose --capture-range gpulab:train:timed --json "$out/story_diagnose_$pipeline.json" \
@@ -70,7 +73,6 @@ for ((r = 1; r <= repeat; r++)); do
     "$gpulab" train --synthetic "${train_args[@]}" --json "$out/story_synthetic_traced_$r.json" \
     2>&1 | tee "$out/story_synthetic_traced_$r.log" || echo "pipeline_story.sh: traced synthetic run $r failed"
 done
-rm -rf "$out"/story_trace_*  # the Perfetto traces are large; the JSON reports keep the findings
 
 python3 - "$out" "$repeat" <<'EOF'
 import json, sys
