@@ -394,6 +394,12 @@ TEST(GpuLoader, AllCorruptIsAnErrorNotAHang) {
   EXPECT_THROW(gpu.next(stream), core::InputError);
 }
 
+// A batch's images, then its labels, copied into `to` (bytes + label_bytes) on `stream`.
+void copy_batch(const GpuBatch& batch, std::byte* to, size_t bytes, size_t label_bytes, cudaStream_t stream) {
+  GPULAB_CHECK(cudaMemcpyAsync(to, batch.images, bytes, cudaMemcpyDeviceToHost, stream));
+  GPULAB_CHECK(cudaMemcpyAsync(to + bytes, batch.labels, label_bytes, cudaMemcpyDeviceToHost, stream));
+}
+
 // Batches (images, then labels) copied out on `stream`; with `slow_consumer`, a 30 ms host stall
 // sits before each copy on the stream, so a loader that did not wait for the consumer would
 // overwrite the batch's images or labels first.
@@ -411,9 +417,7 @@ std::vector<std::vector<std::byte>> run_loader(const ImageFolder& folder, const 
       GPULAB_CHECK(cudaLaunchHostFunc(
           stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }, nullptr));
     pinned.emplace_back(bytes + label_bytes);
-    GPULAB_CHECK(cudaMemcpyAsync(pinned.back().get(), batch.images, bytes, cudaMemcpyDeviceToHost, stream));
-    GPULAB_CHECK(
-        cudaMemcpyAsync(pinned.back().get() + bytes, batch.labels, label_bytes, cudaMemcpyDeviceToHost, stream));
+    copy_batch(batch, pinned.back().get(), bytes, label_bytes, stream);
   }
   stream.synchronize();
   for (auto& p : pinned) out.emplace_back(p.get(), p.get() + bytes + label_bytes);
@@ -465,8 +469,7 @@ TEST(GpuLoader, QuiescedLoaderLetsAnotherThreadCaptureAGraph) {
   auto take = [&] {
     const GpuBatch& b = gpu.next(stream);
     got.emplace_back(bytes + label_bytes);
-    GPULAB_CHECK(cudaMemcpyAsync(got.back().data(), b.images, bytes, cudaMemcpyDeviceToHost, stream));
-    GPULAB_CHECK(cudaMemcpyAsync(got.back().data() + bytes, b.labels, label_bytes, cudaMemcpyDeviceToHost, stream));
+    copy_batch(b, got.back().data(), bytes, label_bytes, stream);
     stream.synchronize();
   };
   take();
