@@ -452,8 +452,9 @@ namespace {
 
 // The fastest measured algorithm (cudnnFind*, as torch's cudnn.benchmark; the heuristic first
 // choice with --deterministic) that succeeds, fits the workspace limit, for strict fp32 does not
-// use tensor cores (which would round inputs to TF32), and when asked is deterministic. (cuDNN's heuristic first choice for strict fp32 NHWC
-// backward-data was a direct kernel taking 82 ms a call on the H200: 72 % of a step.)
+// use tensor cores (which would round inputs to TF32), and when asked is deterministic. (cuDNN's
+// heuristic first choice for strict fp32 NHWC backward-data was a direct kernel taking 82 ms a
+// call on the H200: 72 % of a step.)
 template <class Perf>
 auto pick(const Perf* perfs, int count, size_t limit, bool strict, bool deterministic, const std::string& what) {
   for (int i = 0; i < count; ++i) {
