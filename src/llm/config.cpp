@@ -46,6 +46,10 @@ struct JsonFile {
   template <class T>
   T optional(const json& obj, const std::string& key, T fallback) const {
     if (!obj.contains(key) || obj[key].is_null()) return fallback;
+    // nlohmann casts a float to an integer unchecked (1e300 -> undefined behaviour): integers take the
+    // checked path.
+    static_assert(!std::is_integral_v<T> || std::is_same_v<T, bool> || std::is_same_v<T, int64_t>);
+    if constexpr (std::is_same_v<T, int64_t>) return integer(obj, key);
     try {
       return obj[key].get<T>();
     } catch (const json::exception&) {

@@ -188,6 +188,12 @@ TEST(LlmConfig, ErrorsNameFileAndProblem) {
   msg = expect_input_error(j);
   EXPECT_NE(msg.find("low_freq_factor"), std::string::npos) << msg;
 
+  // A float where an integer belongs is refused, not cast (1e300 to int64 was undefined behaviour).
+  j = tiny_config_json();
+  j["pretraining_tp"] = 1e300;
+  msg = expect_input_error(j);
+  EXPECT_NE(msg.find("\"pretraining_tp\" is not an integer"), std::string::npos) << msg;
+
   try {
     parse_config("{\"architectures\": [", "/y/config.json");
     ADD_FAILURE();
