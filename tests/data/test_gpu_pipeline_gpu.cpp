@@ -56,6 +56,21 @@ std::vector<float> device_floats(const void* p, size_t n, core::DType dt) {
   return as_floats(host.data(), n, dt);
 }
 
+// GPU loader options that hand out the batches the CPU loader `lo` hands out (same files, crops and
+// flips), decoded by `decode`.
+GpuLoaderOptions same_batches_as(const LoaderOptions& lo, DecodeBackend decode, int threads = 2) {
+  GpuLoaderOptions go;
+  go.batch = lo.batch;
+  go.threads = threads;
+  go.seed = lo.seed;
+  go.train = lo.train;
+  go.augment = lo.augment;
+  go.decode = decode;
+  go.shard = lo.shard;
+  go.first_batch = lo.first_batch;
+  return go;
+}
+
 // atol + rtol * |ref| per element, NaN/Inf fail; returns the number of mismatches (first few printed).
 int64_t count_mismatches(const std::vector<float>& got, const std::vector<float>& want, float atol, float rtol,
                          const std::string& what) {
@@ -162,13 +177,7 @@ TEST(GpuLoader, CpuDecodeMatchesTheCpuLoaderBatchForBatch) {
     lo.seed = 9;
     lo.train = train;
     lo.augment.size = 32;
-    GpuLoaderOptions go;
-    go.batch = lo.batch;
-    go.threads = 2;
-    go.seed = lo.seed;
-    go.train = train;
-    go.augment = lo.augment;
-    go.decode = DecodeBackend::cpu;
+    const GpuLoaderOptions go = same_batches_as(lo, DecodeBackend::cpu);
     Loader cpu(folder, lo);
     GpuLoader gpu(folder, go);
     EXPECT_EQ(gpu.decoder_name(), "TurboJPEG (CPU) + upload");
@@ -211,14 +220,7 @@ TEST(GpuLoader, ShardAndFirstBatchMatchTheCpuLoader) {
       lo.augment.size = 32;
       lo.shard = shard;
       lo.first_batch = first;
-      GpuLoaderOptions go;
-      go.batch = lo.batch;
-      go.threads = 2;
-      go.seed = lo.seed;
-      go.augment = lo.augment;
-      go.decode = DecodeBackend::cpu;
-      go.shard = shard;
-      go.first_batch = first;
+      const GpuLoaderOptions go = same_batches_as(lo, DecodeBackend::cpu);
       Loader cpu(folder, lo);
       GpuLoader gpu(folder, go);
       ASSERT_EQ(gpu.batches_per_epoch(), cpu.batches_per_epoch());
@@ -315,12 +317,7 @@ TEST(GpuLoader, NvjpegPipelineMatchesTheCpuLoader) {
   lo.threads = 4;
   lo.seed = 5;
   lo.augment.size = 224;
-  GpuLoaderOptions go;
-  go.batch = lo.batch;
-  go.threads = 4;
-  go.seed = lo.seed;
-  go.augment = lo.augment;
-  go.decode = DecodeBackend::nvjpeg;
+  const GpuLoaderOptions go = same_batches_as(lo, DecodeBackend::nvjpeg, 4);
   Loader cpu(folder, lo);
   GpuLoader gpu(folder, go);
   core::Stream stream;
@@ -357,12 +354,7 @@ TEST(GpuLoader, CorruptFilesAreSkippedAsTheCpuLoaderSkipsThem) {
     lo.threads = 2;
     lo.seed = 1;
     lo.augment.size = 16;
-    GpuLoaderOptions go;
-    go.batch = lo.batch;
-    go.threads = 2;
-    go.seed = lo.seed;
-    go.augment = lo.augment;
-    go.decode = backend;
+    const GpuLoaderOptions go = same_batches_as(lo, backend);
     Loader cpu(folder, lo);
     GpuLoader gpu(folder, go);
     core::Stream stream;
@@ -507,11 +499,7 @@ TEST(GpuLoader, GarbledScanDataNeverCrashes) {
     lo.batch = 6;
     lo.threads = 2;
     lo.augment.size = 16;
-    GpuLoaderOptions go;
-    go.batch = lo.batch;
-    go.threads = 2;
-    go.augment = lo.augment;
-    go.decode = backend;
+    const GpuLoaderOptions go = same_batches_as(lo, backend);
     Loader cpu(folder, lo);
     GpuLoader gpu(folder, go);
     core::Stream stream;
@@ -524,7 +512,9 @@ TEST(GpuLoader, GarbledScanDataNeverCrashes) {
     const DecodeStats st = gpu.decode_stats();
     std::cout << gpu.decoder_name() << ": skipped " << gpu.skipped_total() << " (CPU loader " << cpu_skipped
               << "); decoded by hardware " << st.hardware << ", GPU hybrid " << st.gpu_hybrid << ", CPU " << st.cpu << "\n";
-    if (backend == DecodeBackend::cpu) EXPECT_EQ(gpu.skipped_total(), cpu_skipped);
+    if (backend == DecodeBackend::cpu) {
+      EXPECT_EQ(gpu.skipped_total(), cpu_skipped);
+    }
     EXPECT_GE(cpu_skipped, 1);
   }
 }
