@@ -34,6 +34,16 @@ ModelOptions tiny(core::DType dt = core::DType::f32, int width = 8) {
   return o;
 }
 
+// Width 16, batch 16, 64 px: with depth 18 and 50 every kind of conv ResNet has (7x7 stride 2, 3x3
+// stride 1 and 2, 1x1 stride 1 and 2), basic blocks and bottlenecks, both kinds of shortcut.
+ModelOptions covering_model(int depth) {
+  ModelOptions o = tiny(core::DType::f32, 16);
+  o.net.depth = depth;
+  o.batch = 16;
+  o.image_size = 64;
+  return o;
+}
+
 struct Batch {
   core::DeviceBuffer<std::byte> images;
   core::DeviceBuffer<int32_t> labels;
@@ -174,26 +184,32 @@ TEST(ResNetGpu, ZeroClassifierGivesLogKLossAndHandComputedBiasGradient) {
   for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], 0.f) << i;
 }
 
+// Also with every convolution in NCHW, where the weight and input gradients are added through
+// the transposes back (their beta).
 TEST(ResNetGpu, AccumulatingTwoHalfWeightedPassesEqualsOneFull) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
-  const ModelOptions o = tiny();
-  ResNet net(o);
-  const Batch b = random_batch(o, std::random_device{}());
-  net.forward(b.images.get(), true, s);
-  net.backward(b.labels.get(), 1.f, false, nullptr, s);
-  const auto once = download(net.grads(), size_t(net.param_count()), s);
-  poison_grads(net, s);  // the first pass must overwrite
-  for (int micro = 0; micro < 2; ++micro) {
+  ModelOptions nchw = covering_model(50);
+  nchw.conv_layout = ConvLayout::nchw;
+  for (const ModelOptions& o : {tiny(), nchw}) {
+    SCOPED_TRACE(o.conv_layout ? "ResNet-50, NCHW convolutions" : "ResNet-18");
+    ResNet net(o);
+    const Batch b = random_batch(o, std::random_device{}());
     net.forward(b.images.get(), true, s);
-    net.backward(b.labels.get(), 0.5f, micro > 0, nullptr, s);
+    net.backward(b.labels.get(), 1.f, false, nullptr, s);
+    const auto once = download(net.grads(), size_t(net.param_count()), s);
+    poison_grads(net, s);  // the first pass must overwrite
+    for (int micro = 0; micro < 2; ++micro) {
+      net.forward(b.images.get(), true, s);
+      net.backward(b.labels.get(), 0.5f, micro > 0, nullptr, s);
+    }
+    const auto twice = download(net.grads(), size_t(net.param_count()), s);
+    int bad = 0;
+    for (size_t i = 0; i < once.size(); ++i)
+      if (!(std::abs(twice[i] - once[i]) <= 1e-6 + 1e-4 * std::abs(once[i])) && bad++ < 5)
+        ADD_FAILURE() << "grad " << i << ": accumulated " << twice[i] << " vs " << once[i];
+    EXPECT_EQ(bad, 0);
   }
-  const auto twice = download(net.grads(), size_t(net.param_count()), s);
-  int bad = 0;
-  for (size_t i = 0; i < once.size(); ++i)
-    if (!(std::abs(twice[i] - once[i]) <= 1e-6 + 1e-4 * std::abs(once[i])) && bad++ < 5)
-      ADD_FAILURE() << "grad " << i << ": accumulated " << twice[i] << " vs " << once[i];
-  EXPECT_EQ(bad, 0);
 }
 
 TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
@@ -364,10 +380,7 @@ TEST(ResNetGpu, FusedBatchNormActivationTrainsAsTheSeparateKernels) {
   const uint32_t seed = std::random_device{}();
   for (const int depth : {18, 50}) {
     SCOPED_TRACE("ResNet-" + std::to_string(depth));
-    ModelOptions exact_opt = tiny(core::DType::f32, 16);
-    exact_opt.net.depth = depth;
-    exact_opt.batch = 16;
-    exact_opt.image_size = 64;
+    ModelOptions exact_opt = covering_model(depth);
     ModelOptions fused_opt = exact_opt;
     fused_opt.dtype = core::DType::f16;
     ModelOptions plain_opt = fused_opt;
@@ -488,15 +501,6 @@ void expect_same_step(const Step& got, const Step& want, const std::string& what
               worst.max);
 }
 
-// Basic blocks and bottlenecks: 7x7 stride 2, 3x3 stride 1 and 2, 1x1 stride 1 and 2 (shortcuts).
-ModelOptions layout_model(int depth, core::DType dt = core::DType::f32) {
-  ModelOptions o = tiny(dt, 16);
-  o.net.depth = depth;
-  o.batch = 16;
-  o.image_size = 64;
-  return o;
-}
-
 }  // namespace
 
 TEST(ResNetGpu, NchwConvolutionsTrainAsNhwcInFp32) {
@@ -505,7 +509,7 @@ TEST(ResNetGpu, NchwConvolutionsTrainAsNhwcInFp32) {
   const uint32_t seed = std::random_device{}();
   for (const int depth : {18, 50}) {
     SCOPED_TRACE("ResNet-" + std::to_string(depth));
-    ModelOptions nhwc = layout_model(depth), nchw = nhwc;
+    ModelOptions nhwc = covering_model(depth), nchw = nhwc;
     nhwc.conv_layout = ConvLayout::nhwc;
     nchw.conv_layout = ConvLayout::nchw;
     const Batch b = random_batch(nhwc, seed);
@@ -521,7 +525,7 @@ TEST(ResNetGpu, NchwConvolutionsTrainAsNhwcInFp32) {
 TEST(ResNetGpu, MeasuredConvLayoutsTrainAsNhwc) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
-  const ModelOptions measured = layout_model(50);
+  const ModelOptions measured = covering_model(50);
   ModelOptions nhwc = measured, deterministic = measured;
   nhwc.conv_layout = ConvLayout::nhwc;
   deterministic.deterministic = true;
@@ -533,31 +537,6 @@ TEST(ResNetGpu, MeasuredConvLayoutsTrainAsNhwc) {
   expect_same_step(got, want, "ResNet-50 fp32 measured layouts against NHWC");
 }
 
-// Accumulation (beta 1 on the weight gradients, through the transpose back): two half-weighted
-// passes onto poisoned gradients, the first writing, add up to one full pass.
-TEST(ResNetGpu, NchwConvolutionsAccumulateGradients) {
-  GPULAB_REQUIRE_GPU();
-  core::Stream s;
-  ModelOptions o = layout_model(50);
-  o.conv_layout = ConvLayout::nchw;
-  ResNet net(o);
-  const Batch b = random_batch(o, std::random_device{}());
-  net.forward(b.images.get(), true, s);
-  net.backward(b.labels.get(), 1.f, false, nullptr, s);
-  const auto once = download(net.grads(), size_t(net.param_count()), s);
-  poison_grads(net, s);
-  for (int micro = 0; micro < 2; ++micro) {
-    net.forward(b.images.get(), true, s);
-    net.backward(b.labels.get(), 0.5f, micro > 0, nullptr, s);
-  }
-  const auto twice = download(net.grads(), size_t(net.param_count()), s);
-  int bad = 0;
-  for (size_t i = 0; i < once.size(); ++i)
-    if (!(std::abs(twice[i] - once[i]) <= 1e-6 + 1e-4 * std::abs(once[i])) && bad++ < 5)
-      ADD_FAILURE() << "grad " << i << ": accumulated " << twice[i] << " vs " << once[i];
-  EXPECT_EQ(bad, 0);
-}
-
 // TF32 rounds differently in the two layouts' algorithms: each is measured against the strict
 // fp32 step, and NCHW must be about as close to it as NHWC (a layout error is off by order 1).
 TEST(ResNetGpu, NchwConvolutionsInTf32TrackFp32AsNhwc) {
@@ -566,7 +545,7 @@ TEST(ResNetGpu, NchwConvolutionsInTf32TrackFp32AsNhwc) {
   const uint32_t seed = std::random_device{}();
   for (const int depth : {18, 50}) {
     SCOPED_TRACE("ResNet-" + std::to_string(depth));
-    ModelOptions exact = layout_model(depth);
+    ModelOptions exact = covering_model(depth);
     exact.conv_layout = ConvLayout::nhwc;
     ModelOptions nhwc = exact;
     nhwc.math = core::MathMode::tf32;
