@@ -626,7 +626,9 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnSetConvolution2dDescriptor(L.conv_desc, s.pad, s.pad, s.stride, s.stride, 1, 1,
                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   // FMA: no tensor cores at all; DEFAULT allows TF32 for fp32 data; TENSOR_OP for fp16/bf16.
-  const cudnnMathType_t math = strict_fp32() ? CUDNN_FMA_MATH : opt.dtype == core::DType::f32 ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
+  const cudnnMathType_t math = strict_fp32()                   ? CUDNN_FMA_MATH
+                               : opt.dtype == core::DType::f32 ? CUDNN_DEFAULT_MATH
+                                                               : CUDNN_TENSOR_OP_MATH;
   GPULAB_CHECK(cudnnSetConvolutionMathType(L.conv_desc, math));
   int n, c, h, w;
   GPULAB_CHECK(cudnnGetConvolution2dForwardOutputDim(L.conv_desc, L.x_desc, L.w_desc, &n, &c, &h, &w));
