@@ -364,6 +364,24 @@ double relative_l2(const std::vector<float>& a, const std::vector<float>& ref, c
   return std::sqrt(diff / norm);
 }
 
+// `run` no further from the fp32 step `exact` than `baseline` is (1.5 times, plus a floor for
+// noise) in its loss, its update and the running statistics its forward left; `names` labels the
+// printed figures ("run | baseline").
+void expect_tracks_fp32_as(const FixedBatchRun& exact, const FixedBatchRun& run, const FixedBatchRun& baseline,
+                           const char* names) {
+  const double loss_run = std::abs(run.loss - exact.loss) / exact.loss;
+  const double loss_base = std::abs(baseline.loss - exact.loss) / exact.loss;
+  const double update_run = relative_l2(run.after, exact.after, exact.init);
+  const double update_base = relative_l2(baseline.after, exact.after, exact.init);
+  const double running_run = relative_l2(run.running, exact.running);
+  const double running_base = relative_l2(baseline.running, exact.running);
+  std::printf("  against fp32, %s: loss %.2e | %.2e, update %.2e | %.2e, running statistics %.2e | %.2e\n", names,
+              loss_run, loss_base, update_run, update_base, running_run, running_base);
+  EXPECT_LT(loss_run, 1.5 * loss_base + 1e-3);
+  EXPECT_LT(update_run, 1.5 * update_base + 2e-2);
+  EXPECT_LT(running_run, 1.5 * running_base + 1e-3);
+}
+
 }  // namespace
 
 // The fused path (cuDNN's BN_ACTIVATION and BN_ADD_ACTIVATION, which also write the residual's
@@ -392,18 +410,7 @@ TEST(ResNetGpu, FusedBatchNormActivationTrainsAsTheSeparateKernels) {
                 fused.fused ? "fused with ReLU and residual add (cuDNN)" : "NOT fused: cuDNN refused the fused ops");
     ASSERT_TRUE(fused.fused) << "cuDNN documents BN_ACTIVATION and BN_ADD_ACTIVATION for NHWC fp16, persistent mode";
     ASSERT_FALSE(plain.fused);
-    const double loss_fused = std::abs(fused.loss - exact.loss) / exact.loss;
-    const double loss_plain = std::abs(plain.loss - exact.loss) / exact.loss;
-    const double update_fused = relative_l2(fused.after, exact.after, exact.init);
-    const double update_plain = relative_l2(plain.after, exact.after, exact.init);
-    const double running_fused = relative_l2(fused.running, exact.running);
-    const double running_plain = relative_l2(plain.running, exact.running);
-    std::printf("  against fp32, fused | separate: loss %.2e | %.2e, update %.2e | %.2e, running statistics "
-                "%.2e | %.2e\n", loss_fused, loss_plain, update_fused, update_plain, running_fused, running_plain);
-    EXPECT_LT(loss_fused, 1.5 * loss_plain + 1e-3);
-    EXPECT_LT(update_fused, 1.5 * update_plain + 2e-2);
-    // Running mean and variance: cuDNN's fused forward must update them as the plain one does.
-    EXPECT_LT(running_fused, 1.5 * running_plain + 1e-3);
+    expect_tracks_fp32_as(exact, fused, plain, "fused | separate");
   }
 }
 
@@ -566,5 +573,27 @@ TEST(ResNetGpu, NchwConvolutionsInTf32TrackFp32AsNhwc) {
     }
     std::printf("ResNet-%d tf32 against fp32, NHWC | NCHW: logits %.2e | %.2e, gradients worst relative L2 %.2e | %.2e\n",
                 depth, logits_nhwc, logits_nchw, worst_nhwc, worst_nchw);
+  }
+}
+
+// fp16 and bf16 in NCHW (the weight gradient through dw_work, transposed back before it is added
+// into the fp32 gradients): as close to the fp32 step as NHWC.
+TEST(ResNetGpu, HalfPrecisionNchwConvolutionsTrackFp32AsNhwc) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const uint32_t seed = std::random_device{}();
+  const ModelOptions exact_opt = covering_model(50);
+  const FixedBatchRun exact = step_on_batch(exact_opt, random_batch(exact_opt, seed), s);
+  for (const core::DType dt : {core::DType::f16, core::DType::bf16}) {
+    const std::string name(core::dtype_name(dt));
+    SCOPED_TRACE(name);
+    ModelOptions nhwc = exact_opt;
+    nhwc.dtype = dt;
+    nhwc.conv_layout = ConvLayout::nhwc;
+    ModelOptions nchw = nhwc;
+    nchw.conv_layout = ConvLayout::nchw;
+    const Batch b = random_batch(nhwc, seed);
+    std::printf("ResNet-50 %s:\n", name.c_str());
+    expect_tracks_fp32_as(exact, step_on_batch(nchw, b, s), step_on_batch(nhwc, b, s), "NCHW | NHWC");
   }
 }
