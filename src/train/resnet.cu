@@ -2,12 +2,17 @@
 // or the v7 heuristics' choice with --deterministic), cuDNN BatchNorm, cuDNN max pooling, and
 // small kernels for global average pooling, the loss, and ReLU and residual add wherever cuDNN's
 // batch norm does not fuse them (Impl::bn_fused). One conv+BN(+ReLU) is a ConvLayer; a block's
-// last one also adds the shortcut before its ReLU. Its buffers hold what backward needs.
+// last one also adds the shortcut before its ReLU. Its buffers hold what backward needs. Each
+// convolution direction runs in NHWC, or on NCHW copies of its operands (Impl::conv_direction)
+// where that measured faster.
 #include <algorithm>
+#include <array>
 #include <cfloat>
+#include <cmath>
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "blas/matmul.h"
 #include "core/dtype_dispatch.h"
@@ -153,6 +158,41 @@ __global__ void bias_grad_kernel(const float* dz, float* dbias, int batch, int c
   }
 }
 
+// A convolution's operands: input x, filter w, output y. Each direction reads two and writes the
+// third: forward y, backward-data x, backward-filter w.
+enum ConvOperand { kConvX, kConvW, kConvY, kConvOperands };
+using ConvData = std::array<const void*, kConvOperands>;
+
+struct ConvDescs {  // one layout's descriptors of a convolution's operands
+  cudnnTensorDescriptor_t x;
+  cudnnFilterDescriptor_t w;
+  cudnnTensorDescriptor_t y;
+};
+
+template <class Algo>
+struct ConvAlgo {  // one direction's choice
+  Algo algo{};
+  ConvLayout layout = ConvLayout::nhwc;
+};
+
+struct ConvAlgos {
+  ConvAlgo<cudnnConvolutionFwdAlgo_t> fwd;
+  ConvAlgo<cudnnConvolutionBwdDataAlgo_t> bwd_data;
+  ConvAlgo<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
+};
+
+// Measured times (ms) of transposing each operand into NCHW and out of it.
+struct TransposeTimes {
+  std::array<float, kConvOperands> to_nchw{}, from_nchw{};
+  // What an NCHW direction adds to its convolution: its two inputs in, its result out.
+  float direction(ConvOperand result) const {
+    float ms = from_nchw[result];
+    for (int o = 0; o < kConvOperands; ++o)
+      if (o != result) ms += to_nchw[o];
+    return ms;
+  }
+};
+
 }  // namespace
 
 struct ConvLayer {
@@ -160,10 +200,12 @@ struct ConvLayer {
   int in_h = 0, in_w = 0, out_h = 0, out_w = 0;
   cudnnTensorDescriptor_t x_desc{}, y_desc{}, bn_desc{};
   cudnnFilterDescriptor_t w_desc{};
+  // NCHW twins of x_desc, w_desc and y_desc, and the filter as a plain tensor in each layout
+  // (NHWC: [out][kh][kw][in]), for the directions that run in NCHW and their transposes.
+  cudnnTensorDescriptor_t x_nchw{}, y_nchw{}, w_as_nhwc{}, w_as_nchw{};
+  cudnnFilterDescriptor_t w_nchw{};
   cudnnConvolutionDescriptor_t conv_desc{};
-  cudnnConvolutionFwdAlgo_t fwd{};
-  cudnnConvolutionBwdDataAlgo_t bwd_data{};
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  ConvAlgos algos;
   float *w = nullptr, *gamma = nullptr, *beta = nullptr;  // fp32 masters
   float *dw = nullptr, *dgamma = nullptr, *dbeta = nullptr;
   void* w_work = nullptr;  // the weights the conv reads (== w for fp32)
@@ -182,6 +224,20 @@ struct ConvLayer {
   void* block_y = nullptr;
   const void* block_dy = nullptr;
   void* d_residual = nullptr;
+
+  ConvDescs descs(ConvLayout l) const {
+    return l == ConvLayout::nchw ? ConvDescs{x_nchw, w_nchw, y_nchw} : ConvDescs{x_desc, w_desc, y_desc};
+  }
+  // Operand o as a plain tensor in layout l: what the transposes take.
+  cudnnTensorDescriptor_t operand_desc(int o, ConvLayout l) const {
+    const bool nchw = l == ConvLayout::nchw;
+    return o == kConvX ? (nchw ? x_nchw : x_desc) : o == kConvY ? (nchw ? y_nchw : y_desc) : (nchw ? w_as_nchw : w_as_nhwc);
+  }
+  // How many of its directions run in NCHW (backward-data counts only where d_in is computed).
+  int nchw_directions() const {
+    return (algos.fwd.layout == ConvLayout::nchw) + (d_in && algos.bwd_data.layout == ConvLayout::nchw) +
+           (algos.bwd_filter.layout == ConvLayout::nchw);
+  }
 };
 
 struct Block {
@@ -204,6 +260,9 @@ struct ResNet::Impl {
   core::DeviceBuffer<float> params, grads;
   core::DeviceBuffer<std::byte> work;  // working copies of conv weights (fp16/bf16 runs)
   core::DeviceBuffer<std::byte> dw_work, workspace;
+  // The NCHW copies of each operand (ConvOperand) for the directions that run in NCHW, shared by
+  // all layers (empty where none does).
+  std::array<core::DeviceBuffer<std::byte>, kConvOperands> nchw_scratch;
   // Gradient of the conv output in backward, every layer in turn: BN backward writes it, the
   // weight and input gradients read it (a fused BN backward still reads the layer's output).
   core::DeviceBuffer<std::byte> d_conv;
@@ -228,9 +287,29 @@ struct ResNet::Impl {
   // Convolution algorithms chosen so far, by shape: in, out, kernel, stride, pad, input h and w,
   // whether the input gradient is computed.
   using ConvShapeKey = std::tuple<int, int, int, int, int, int, int, bool>;
-  std::map<ConvShapeKey, std::tuple<cudnnConvolutionFwdAlgo_t, cudnnConvolutionBwdDataAlgo_t,
-                                    cudnnConvolutionBwdFilterAlgo_t>>
-      chosen_algos;
+  std::map<ConvShapeKey, ConvAlgos> chosen_algos;
+  bool strict_fp32() const { return opt.dtype == core::DType::f32 && opt.math == core::MathMode::strict_fp32; }
+  // The layouts whose algorithms are compared: the forced one; NHWC alone where runs repeat bit
+  // for bit (heuristics, no timings) and for fp16/bf16 (cuDNN's fast kernels are NHWC there, and
+  // measuring NCHW as well would only lengthen the start); else both.
+  std::vector<ConvLayout> conv_layouts() const {
+    if (opt.conv_layout) return {*opt.conv_layout};
+    if (opt.deterministic || opt.dtype != core::DType::f32) return {ConvLayout::nhwc};
+    return {ConvLayout::nhwc, ConvLayout::nchw};
+  }
+  template <class Perf, class Find>
+  ConvAlgo<decltype(Perf::algo)> choose(const ConvLayer& L, int count, Find&& find, float transposes_ms,
+                                        const char* what) const;
+  TransposeTimes time_transposes(const ConvLayer& L);
+  size_t operand_bytes(const ConvLayer& L, int o) const {
+    const int64_t n = o == kConvX   ? int64_t(opt.batch) * L.spec.in * L.in_h * L.in_w
+                      : o == kConvY ? int64_t(opt.batch) * L.spec.out * L.out_h * L.out_w
+                                    : L.w_count;
+    return size_t(n) * elem;
+  }
+  template <class Run>
+  void conv_direction(const ConvLayer& L, ConvLayout layout, ConvOperand result, ConvData in, void* out, float beta,
+                      Run&& run);
   void conv_forward(ConvLayer& L, bool training, cudaStream_t s);
   void conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s);
   SyncBatchNorm sync_bn(const ConvLayer& L) const {
@@ -415,16 +494,31 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
                                                   : "cuDNN (plain), separate ReLU and add kernels");
   for (auto& L : convs) {
     size_t a = 0, b = 0, c = 0, bn_ws = 0, reserve = 0;
-    GPULAB_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, L.fwd, &a));
+    const ConvAlgos& g = L.algos;
+    const ConvDescs f = L.descs(g.fwd.layout), bd = L.descs(g.bwd_data.layout), bf = L.descs(g.bwd_filter.layout);
+    GPULAB_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn, f.x, f.w, L.conv_desc, f.y, g.fwd.algo, &a));
     if (L.d_in)
-      GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, L.bwd_data, &b));
-    GPULAB_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc, L.bwd_filter, &c));
+      GPULAB_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, bd.w, bd.y, L.conv_desc, bd.x, g.bwd_data.algo, &b));
+    GPULAB_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, bf.x, bf.y, L.conv_desc, bf.w, g.bwd_filter.algo, &c));
     if (bn_ex) bn_ex_sizes(L, bn_ops(L), bn_ws, reserve);
     L.bn_reserve = core::DeviceBuffer<std::byte>(reserve);
     ws = std::max({ws, a, b, c, bn_ws});
   }
   workspace = core::DeviceBuffer<std::byte>(ws);
   d_conv = core::DeviceBuffer<std::byte>(d_conv_bytes);
+  // NCHW scratch for the largest layer with a direction in NCHW (each such direction uses all three).
+  std::array<size_t, kConvOperands> scratch{};
+  int directions = 0, nchw = 0;
+  for (const auto& L : convs) {
+    directions += L.d_in ? 3 : 2;
+    nchw += L.nchw_directions();
+    if (L.nchw_directions() == 0) continue;
+    for (int o = 0; o < kConvOperands; ++o) scratch[o] = std::max(scratch[o], operand_bytes(L, o));
+  }
+  for (int o = 0; o < kConvOperands; ++o)
+    if (scratch[o]) nchw_scratch[o] = core::DeviceBuffer<std::byte>(scratch[o]);
+  core::log_debug("convolutions: ", nchw, " of ", directions,
+                  " layer directions in NCHW (operands transposed there and back), the rest in NHWC");
   if (work.get()) {
     dispatch([&]<class T>() {
       cast_kernel<T><<<blocks_for(total), kThreads>>>(params.get(), reinterpret_cast<T*>(work.get()), total);
@@ -440,6 +534,8 @@ ResNet::Impl::~Impl() {
     GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(L.y_desc));
     GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(L.bn_desc));
     GPULAB_CHECK_NOTHROW(cudnnDestroyFilterDescriptor(L.w_desc));
+    for (auto d : {L.x_nchw, L.y_nchw, L.w_as_nhwc, L.w_as_nchw}) GPULAB_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(d));
+    GPULAB_CHECK_NOTHROW(cudnnDestroyFilterDescriptor(L.w_nchw));
     GPULAB_CHECK_NOTHROW(cudnnDestroyConvolutionDescriptor(L.conv_desc));
   }
   GPULAB_CHECK_NOTHROW(cudnnDestroyPoolingDescriptor(pool_desc));
@@ -454,21 +550,69 @@ namespace {
 // choice with --deterministic) that succeeds, fits the workspace limit, for strict fp32 does not
 // use tensor cores (which would round inputs to TF32), and when asked is deterministic. (cuDNN's
 // heuristic first choice for strict fp32 NHWC backward-data was a direct kernel taking 82 ms a
-// call on the H200: 72 % of a step.)
+// call on the H200: 72 % of a step.) Null if none qualifies.
 template <class Perf>
-auto pick(const Perf* perfs, int count, size_t limit, bool strict, bool deterministic, const std::string& what) {
+const Perf* pick(const Perf* perfs, int count, size_t limit, bool strict, bool deterministic) {
   for (int i = 0; i < count; ++i) {
     const Perf& p = perfs[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > limit) continue;
     if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
     if (strict && (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) continue;
-    return p.algo;
+    return &p;
   }
-  throw core::Error("cuDNN offers no " + what + " algorithm for this convolution within the workspace limit" +
-                    (strict ? ", without tensor cores" : "") + (deterministic ? ", deterministic" : ""));
+  return nullptr;
 }
 
 }  // namespace
+
+// One direction's algorithm and layout. find(descs, count, perfs, &got) lists cuDNN's algorithms
+// for one layout's descriptors (measured, or in the heuristics' order); each layout's time is its
+// pick's, plus `transposes_ms` for NCHW, and the faster wins (NHWC on a tie).
+template <class Perf, class Find>
+ConvAlgo<decltype(Perf::algo)> ResNet::Impl::choose(const ConvLayer& L, int count, Find&& find, float transposes_ms,
+                                                    const char* what) const {
+  ConvAlgo<decltype(Perf::algo)> best;
+  float best_ms = INFINITY;
+  bool found = false;
+  for (const ConvLayout layout : conv_layouts()) {
+    std::vector<Perf> perfs(static_cast<size_t>(count));
+    int got = 0;
+    GPULAB_CHECK(find(L.descs(layout), count, perfs.data(), &got));
+    const Perf* p = pick(perfs.data(), got, opt.workspace_limit, strict_fp32(), opt.deterministic);
+    if (!p) continue;
+    const float ms = p->time + (layout == ConvLayout::nchw ? transposes_ms : 0.f);
+    if (!found || ms < best_ms) best = {p->algo, layout}, best_ms = ms, found = true;
+  }
+  if (!found)
+    throw core::Error(std::string("cuDNN offers no ") + what + " algorithm for this convolution within the workspace limit" +
+                      (strict_fp32() ? ", without tensor cores" : "") + (opt.deterministic ? ", deterministic" : ""));
+  return best;
+}
+
+// Each transpose of L's operands timed with CUDA events on the handle's stream (the mean of a
+// few after a warm-up), on scratch whose contents do not matter.
+TransposeTimes ResNet::Impl::time_transposes(const ConvLayer& L) {
+  constexpr int kReps = 3;
+  size_t most = 0;
+  for (int o = 0; o < kConvOperands; ++o) most = std::max(most, operand_bytes(L, o));
+  core::DeviceBuffer<std::byte> from(most), to(most);
+  cudaStream_t stream{};
+  GPULAB_CHECK(cudnnGetStream(cudnn, &stream));
+  core::EventTimer timer(stream);
+  const float one = 1.f, zero = 0.f;
+  TransposeTimes t;
+  for (int o = 0; o < kConvOperands; ++o)
+    for (const bool into : {true, false}) {
+      const cudnnTensorDescriptor_t src = L.operand_desc(o, into ? ConvLayout::nhwc : ConvLayout::nchw),
+                                    dst = L.operand_desc(o, into ? ConvLayout::nchw : ConvLayout::nhwc);
+      for (int r = 0; r <= kReps; ++r) {
+        if (r == 1) timer.start();  // after the warm-up
+        GPULAB_CHECK(cudnnTransformTensor(cudnn, &one, src, from.get(), &zero, dst, to.get()));
+      }
+      (into ? t.to_nchw : t.from_nchw)[size_t(o)] = timer.stop() / kReps;
+    }
+  return t;
+}
 
 void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   const cudnnDataType_t dt = cudnn_type(opt.dtype);
@@ -481,9 +625,10 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnCreateConvolutionDescriptor(&L.conv_desc));
   GPULAB_CHECK(cudnnSetConvolution2dDescriptor(L.conv_desc, s.pad, s.pad, s.stride, s.stride, 1, 1,
                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  const bool strict = opt.dtype == core::DType::f32 && opt.math == core::MathMode::strict_fp32;
   // FMA: no tensor cores at all; DEFAULT allows TF32 for fp32 data; TENSOR_OP for fp16/bf16.
-  const cudnnMathType_t math = strict ? CUDNN_FMA_MATH : opt.dtype == core::DType::f32 ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
+  const cudnnMathType_t math = strict_fp32()                   ? CUDNN_FMA_MATH
+                               : opt.dtype == core::DType::f32 ? CUDNN_DEFAULT_MATH
+                                                               : CUDNN_TENSOR_OP_MATH;
   GPULAB_CHECK(cudnnSetConvolutionMathType(L.conv_desc, math));
   int n, c, h, w;
   GPULAB_CHECK(cudnnGetConvolution2dForwardOutputDim(L.conv_desc, L.x_desc, L.w_desc, &n, &c, &h, &w));
@@ -492,16 +637,19 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.y_desc, CUDNN_TENSOR_NHWC, dt, n, c, h, w));
   GPULAB_CHECK(cudnnCreateTensorDescriptor(&L.bn_desc));
   GPULAB_CHECK(cudnnDeriveBNTensorDescriptor(L.bn_desc, L.y_desc, CUDNN_BATCHNORM_SPATIAL));
+  for (auto* d : {&L.x_nchw, &L.y_nchw, &L.w_as_nhwc, &L.w_as_nchw}) GPULAB_CHECK(cudnnCreateTensorDescriptor(d));
+  GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.x_nchw, CUDNN_TENSOR_NCHW, dt, opt.batch, s.in, in_h, in_w));
+  GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.y_nchw, CUDNN_TENSOR_NCHW, dt, n, c, h, w));
+  GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.w_as_nhwc, CUDNN_TENSOR_NHWC, dt, s.out, s.in, s.kernel, s.kernel));
+  GPULAB_CHECK(cudnnSetTensor4dDescriptor(L.w_as_nchw, CUDNN_TENSOR_NCHW, dt, s.out, s.in, s.kernel, s.kernel));
+  GPULAB_CHECK(cudnnCreateFilterDescriptor(&L.w_nchw));
+  GPULAB_CHECK(cudnnSetFilter4dDescriptor(L.w_nchw, dt, CUDNN_TENSOR_NCHW, s.out, s.in, s.kernel, s.kernel));
 
   // Layers of one shape (most of a stage's blocks) share the choice: measuring is the slow part.
   const ConvShapeKey key{s.in, s.out, s.kernel, s.stride, s.pad, in_h, in_w, L.d_in != nullptr};
   if (const auto hit = chosen_algos.find(key); hit != chosen_algos.end()) {
-    std::tie(L.fwd, L.bwd_data, L.bwd_filter) = hit->second;
+    L.algos = hit->second;
   } else {
-    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    cudnnConvolutionBwdDataAlgoPerf_t bwd_data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int got = 0;
     // Runs compared bit for bit (--deterministic) need the same algorithms every time: heuristics
     // there, whose choice does not depend on timing noise.
     const bool measure = !opt.deterministic;
@@ -510,20 +658,31 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
         measure ? cudnnFindConvolutionBackwardDataAlgorithm : cudnnGetConvolutionBackwardDataAlgorithm_v7;
     const auto find_bwd_filter =
         measure ? cudnnFindConvolutionBackwardFilterAlgorithm : cudnnGetConvolutionBackwardFilterAlgorithm_v7;
-    GPULAB_CHECK(find_fwd(cudnn, L.x_desc, L.w_desc, L.conv_desc, L.y_desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
-    L.fwd = pick(fwd, got, opt.workspace_limit, strict, opt.deterministic, "forward");
-    if (L.d_in) {  // the stem needs no input gradient
-      GPULAB_CHECK(find_bwd_data(cudnn, L.w_desc, L.y_desc, L.conv_desc, L.x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                                 &got, bwd_data));
-      L.bwd_data = pick(bwd_data, got, opt.workspace_limit, strict, opt.deterministic, "backward-data");
-    }
-    GPULAB_CHECK(find_bwd_filter(cudnn, L.x_desc, L.y_desc, L.conv_desc, L.w_desc,
-                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter));
-    L.bwd_filter = pick(bwd_filter, got, opt.workspace_limit, strict, opt.deterministic, "backward-filter");
-    chosen_algos.emplace(key, std::tuple{L.fwd, L.bwd_data, L.bwd_filter});
+    // An NCHW direction pays for its transposes: timed when it competes with NHWC.
+    const TransposeTimes moves = conv_layouts().size() > 1 ? time_transposes(L) : TransposeTimes{};
+    L.algos.fwd = choose<cudnnConvolutionFwdAlgoPerf_t>(
+        L, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+        [&](const ConvDescs& d, int count, auto* perfs, int* got) {
+          return find_fwd(cudnn, d.x, d.w, L.conv_desc, d.y, count, got, perfs);
+        },
+        moves.direction(kConvY), "forward");
+    if (L.d_in)  // the stem needs no input gradient
+      L.algos.bwd_data = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+          L, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          [&](const ConvDescs& d, int count, auto* perfs, int* got) {
+            return find_bwd_data(cudnn, d.w, d.y, L.conv_desc, d.x, count, got, perfs);
+          },
+          moves.direction(kConvX), "backward-data");
+    L.algos.bwd_filter = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        L, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        [&](const ConvDescs& d, int count, auto* perfs, int* got) {
+          return find_bwd_filter(cudnn, d.x, d.y, L.conv_desc, d.w, count, got, perfs);
+        },
+        moves.direction(kConvW), "backward-filter");
+    chosen_algos.emplace(key, L.algos);
   }
 
-  const size_t bytes = size_t(n) * c * h * w * elem;
+  const size_t bytes = operand_bytes(L, kConvY);
   L.conv_out = core::DeviceBuffer<std::byte>(bytes);
   L.out = core::DeviceBuffer<std::byte>(bytes);
   L.d_out_own = core::DeviceBuffer<std::byte>(bytes);
@@ -534,12 +693,38 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudaMemcpy(L.run_var.get(), ones.data(), L.run_var.bytes(), cudaMemcpyHostToDevice));
 }
 
+// One direction of L's convolution: run(descs, in, out, beta) calls cuDNN on the two operands it
+// reads, in[kConvX|W|Y], and writes `out` (operand `result`) as its result + beta * out. In NCHW,
+// run gets NCHW copies of its inputs in scratch and writes into scratch, which is transposed
+// onto `out` with the same beta.
+template <class Run>
+void ResNet::Impl::conv_direction(const ConvLayer& L, ConvLayout layout, ConvOperand result, ConvData in, void* out,
+                                  float beta, Run&& run) {
+  if (layout == ConvLayout::nhwc) return run(L.descs(layout), in, out, &beta);
+  const float one = 1.f, zero = 0.f;
+  for (int o = 0; o < kConvOperands; ++o) {
+    if (o == result) continue;
+    void* copy = nchw_scratch[size_t(o)].get();
+    GPULAB_CHECK(cudnnTransformTensor(cudnn, &one, L.operand_desc(o, ConvLayout::nhwc), in[size_t(o)], &zero,
+                                      L.operand_desc(o, ConvLayout::nchw), copy));
+    in[size_t(o)] = copy;
+  }
+  void* result_nchw = nchw_scratch[result].get();
+  run(L.descs(layout), in, result_nchw, &zero);
+  GPULAB_CHECK(cudnnTransformTensor(cudnn, &one, L.operand_desc(result, ConvLayout::nchw), result_nchw, &beta,
+                                    L.operand_desc(result, ConvLayout::nhwc), out));
+}
+
 // Conv, BN, and the ReLU (after adding the shortcut, for a block's last conv; the shortcut's
 // conv runs first). Output: L.out, or the block output for a block's last conv.
 void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
   const float one = 1.f, zero = 0.f;
-  GPULAB_CHECK(cudnnConvolutionForward(cudnn, &one, L.x_desc, L.in, L.w_desc, L.w_work, L.conv_desc, L.fwd,
-                                       workspace.get(), workspace.bytes(), &zero, L.y_desc, L.conv_out.get()));
+  conv_direction(L, L.algos.fwd.layout, kConvY, {L.in, L.w_work, nullptr}, L.conv_out.get(), 0.f,
+                 [&](const ConvDescs& d, const ConvData& in, void* y, const float* beta) {
+                   GPULAB_CHECK(cudnnConvolutionForward(cudnn, &one, d.x, in[kConvX], d.w, in[kConvW], L.conv_desc,
+                                                        L.algos.fwd.algo, workspace.get(), workspace.bytes(), beta,
+                                                        d.y, y));
+                 });
   const cudnnBatchNormOps_t ops = training ? bn_ops(L) : CUDNN_BATCHNORM_OPS_BN;
   if (training && bn_sum) {
     sync_batchnorm_forward(sync_bn(L), L.conv_out.get(), L.out.get(), L.gamma, L.beta, L.run_mean.get(), L.run_var.get(),
@@ -621,14 +806,15 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
                                                  L.bn_desc, L.gamma, L.dgamma, L.dbeta, kBnEpsilon, L.save_mean.get(),
                                                  L.save_inv_var.get()));
   }
-  if (opt.dtype == core::DType::f32) {
-    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, dc, L.conv_desc,
-                                                L.bwd_filter, workspace.get(), workspace.bytes(), &param_beta,
-                                                L.w_desc, L.dw));
-  } else {
-    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, L.x_desc, L.in, L.y_desc, dc, L.conv_desc,
-                                                L.bwd_filter, workspace.get(), workspace.bytes(), &zero, L.w_desc,
-                                                dw_work.get()));
+  // fp16/bf16 weight gradients go through dw_work, then are added into the fp32 gradients.
+  const bool f32 = opt.dtype == core::DType::f32;
+  conv_direction(L, L.algos.bwd_filter.layout, kConvW, {L.in, nullptr, dc}, f32 ? static_cast<void*>(L.dw) : dw_work.get(),
+                 f32 ? param_beta : 0.f, [&](const ConvDescs& d, const ConvData& in, void* dw, const float* beta) {
+                   GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, d.x, in[kConvX], d.y, in[kConvY],
+                                                               L.conv_desc, L.algos.bwd_filter.algo, workspace.get(),
+                                                               workspace.bytes(), beta, d.w, dw));
+                 });
+  if (!f32) {
     dispatch([&]<class T>() {
       accumulate_kernel<T><<<blocks_for(L.w_count), kThreads, 0, s>>>(L.dw, reinterpret_cast<const T*>(dw_work.get()),
                                                                        L.w_count, accumulate);
@@ -637,9 +823,12 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
   }
   params_ready(3 * int(&L - convs.data()), 3);  // weight, BN weight, BN bias
   if (L.d_in)
-    GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, L.w_desc, L.w_work, L.y_desc, dc, L.conv_desc,
-                                              L.bwd_data, workspace.get(), workspace.bytes(), &beta_in, L.x_desc,
-                                              L.d_in));
+    conv_direction(L, L.algos.bwd_data.layout, kConvX, {nullptr, L.w_work, dc}, L.d_in, beta_in,
+                   [&](const ConvDescs& d, const ConvData& in, void* dx, const float* beta) {
+                     GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, d.w, in[kConvW], d.y, in[kConvY],
+                                                               L.conv_desc, L.algos.bwd_data.algo, workspace.get(),
+                                                               workspace.bytes(), beta, d.x, dx));
+                   });
 }
 
 ResNet::ResNet(const ModelOptions& opt) : impl_(std::make_unique<Impl>(opt)) {}
@@ -799,6 +988,11 @@ std::vector<RunningStats> ResNet::running_stats() {
 
 int64_t ResNet::batches_tracked() const { return impl_->batches_tracked; }
 bool ResNet::fused_bn_activation() const { return impl_->bn_fused; }
+int ResNet::nchw_conv_directions() const {
+  int n = 0;
+  for (const auto& L : impl_->convs) n += L.nchw_directions();
+  return n;
+}
 void ResNet::set_batches_tracked(int64_t n) { impl_->batches_tracked = n; }
 
 }  // namespace gpulab::train

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/dtype.h"
@@ -18,6 +19,11 @@
 #include "train/sync_batchnorm.h"
 
 namespace gpulab::train {
+
+// The layout in which one convolution direction (forward, backward-data, backward-filter) hands
+// its operands to cuDNN. The model's tensors stay NHWC: an NCHW direction transposes its inputs
+// into scratch buffers and its result back.
+enum class ConvLayout { nhwc, nchw };
 
 struct ModelOptions {
   ResNetConfig net;
@@ -31,6 +37,10 @@ struct ModelOptions {
   // Only cuDNN algorithms that give the same bits every run (and deterministic max-pool
   // backward), so that a run, or a resumed run, repeats exactly.
   bool deterministic = false;
+  // Every convolution direction in this layout; unset: for fp32 data (strict or tf32) NCHW where
+  // that measured faster, its transposes included (cuDNN's strict-fp32 NHWC kernels are slow);
+  // NHWC for fp16/bf16 and with `deterministic`.
+  std::optional<ConvLayout> conv_layout;
   // Training folds each ReLU, and each block's residual add, into cuDNN's batch norm where cuDNN
   // offers that (fp16, not deterministic); false keeps separate ReLU and add kernels everywhere.
   bool fuse_bn_activation = true;
@@ -96,6 +106,9 @@ class ResNet {
   // (ModelOptions::fuse_bn_activation, where cuDNN takes every layer; off after
   // set_batchnorm_sync).
   bool fused_bn_activation() const;
+  // How many convolution directions (forward, backward-data, backward-filter of every layer) run
+  // in NCHW (ModelOptions::conv_layout).
+  int nchw_conv_directions() const;
 
  private:
   struct Impl;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct TrainOptions {
   std::string export_path;       // the final weights under torchvision names
   // Only deterministic cuDNN algorithms: a run, and a resumed run, repeat bit for bit.
   bool deterministic = false;
+  std::optional<ConvLayout> conv_layout;  // ModelOptions::conv_layout
   DataParallelOptions parallel;  // --gpus N, or the ranks of a torchrun/mpirun/srun job
   // Steps the host may issue beyond the last one reported (whose loss it has read), so the GPU
   // never idles waiting for the host at a step boundary. 0: each step is read back before the

@@ -1,6 +1,7 @@
 // The cuDNN ResNet: gradients against finite differences, the loss head against hand-computed
-// values, gradient accumulation, low-precision forward against fp32, loss going down, and batch
-// norm with the ReLU and residual add fused (cuDNN) against the separate kernels.
+// values, gradient accumulation, low-precision forward against fp32, loss going down, batch norm
+// with the ReLU and residual add fused (cuDNN) against the separate kernels, and convolutions in
+// NCHW (operands transposed there and back) against NHWC.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -30,6 +31,16 @@ ModelOptions tiny(core::DType dt = core::DType::f32, int width = 8) {
   o.dtype = dt;
   o.seed = 17;
   o.label_smoothing = 0.1f;
+  return o;
+}
+
+// Width 16, batch 16, 64 px: with depth 18 and 50 every kind of conv ResNet has (7x7 stride 2, 3x3
+// stride 1 and 2, 1x1 stride 1 and 2), basic blocks and bottlenecks, both kinds of shortcut.
+ModelOptions covering_model(int depth) {
+  ModelOptions o = tiny(core::DType::f32, 16);
+  o.net.depth = depth;
+  o.batch = 16;
+  o.image_size = 64;
   return o;
 }
 
@@ -173,26 +184,32 @@ TEST(ResNetGpu, ZeroClassifierGivesLogKLossAndHandComputedBiasGradient) {
   for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], 0.f) << i;
 }
 
+// Also with every convolution in NCHW, where the weight and input gradients are added through
+// the transposes back (their beta).
 TEST(ResNetGpu, AccumulatingTwoHalfWeightedPassesEqualsOneFull) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
-  const ModelOptions o = tiny();
-  ResNet net(o);
-  const Batch b = random_batch(o, std::random_device{}());
-  net.forward(b.images.get(), true, s);
-  net.backward(b.labels.get(), 1.f, false, nullptr, s);
-  const auto once = download(net.grads(), size_t(net.param_count()), s);
-  poison_grads(net, s);  // the first pass must overwrite
-  for (int micro = 0; micro < 2; ++micro) {
+  ModelOptions nchw = covering_model(50);
+  nchw.conv_layout = ConvLayout::nchw;
+  for (const ModelOptions& o : {tiny(), nchw}) {
+    SCOPED_TRACE(o.conv_layout ? "ResNet-50, NCHW convolutions" : "ResNet-18");
+    ResNet net(o);
+    const Batch b = random_batch(o, std::random_device{}());
     net.forward(b.images.get(), true, s);
-    net.backward(b.labels.get(), 0.5f, micro > 0, nullptr, s);
+    net.backward(b.labels.get(), 1.f, false, nullptr, s);
+    const auto once = download(net.grads(), size_t(net.param_count()), s);
+    poison_grads(net, s);  // the first pass must overwrite
+    for (int micro = 0; micro < 2; ++micro) {
+      net.forward(b.images.get(), true, s);
+      net.backward(b.labels.get(), 0.5f, micro > 0, nullptr, s);
+    }
+    const auto twice = download(net.grads(), size_t(net.param_count()), s);
+    int bad = 0;
+    for (size_t i = 0; i < once.size(); ++i)
+      if (!(std::abs(twice[i] - once[i]) <= 1e-6 + 1e-4 * std::abs(once[i])) && bad++ < 5)
+        ADD_FAILURE() << "grad " << i << ": accumulated " << twice[i] << " vs " << once[i];
+    EXPECT_EQ(bad, 0);
   }
-  const auto twice = download(net.grads(), size_t(net.param_count()), s);
-  int bad = 0;
-  for (size_t i = 0; i < once.size(); ++i)
-    if (!(std::abs(twice[i] - once[i]) <= 1e-6 + 1e-4 * std::abs(once[i])) && bad++ < 5)
-      ADD_FAILURE() << "grad " << i << ": accumulated " << twice[i] << " vs " << once[i];
-  EXPECT_EQ(bad, 0);
 }
 
 TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
@@ -347,6 +364,24 @@ double relative_l2(const std::vector<float>& a, const std::vector<float>& ref, c
   return std::sqrt(diff / norm);
 }
 
+// `run` no further from the fp32 step `exact` than `baseline` is (1.5 times, plus a floor for
+// noise) in its loss, its update and the running statistics its forward left; `names` labels the
+// printed figures ("run | baseline").
+void expect_tracks_fp32_as(const FixedBatchRun& exact, const FixedBatchRun& run, const FixedBatchRun& baseline,
+                           const char* names) {
+  const double loss_run = std::abs(run.loss - exact.loss) / exact.loss;
+  const double loss_base = std::abs(baseline.loss - exact.loss) / exact.loss;
+  const double update_run = relative_l2(run.after, exact.after, exact.init);
+  const double update_base = relative_l2(baseline.after, exact.after, exact.init);
+  const double running_run = relative_l2(run.running, exact.running);
+  const double running_base = relative_l2(baseline.running, exact.running);
+  std::printf("  against fp32, %s: loss %.2e | %.2e, update %.2e | %.2e, running statistics %.2e | %.2e\n", names,
+              loss_run, loss_base, update_run, update_base, running_run, running_base);
+  EXPECT_LT(loss_run, 1.5 * loss_base + 1e-3);
+  EXPECT_LT(update_run, 1.5 * update_base + 2e-2);
+  EXPECT_LT(running_run, 1.5 * running_base + 1e-3);
+}
+
 }  // namespace
 
 // The fused path (cuDNN's BN_ACTIVATION and BN_ADD_ACTIVATION, which also write the residual's
@@ -363,10 +398,7 @@ TEST(ResNetGpu, FusedBatchNormActivationTrainsAsTheSeparateKernels) {
   const uint32_t seed = std::random_device{}();
   for (const int depth : {18, 50}) {
     SCOPED_TRACE("ResNet-" + std::to_string(depth));
-    ModelOptions exact_opt = tiny(core::DType::f32, 16);
-    exact_opt.net.depth = depth;
-    exact_opt.batch = 16;
-    exact_opt.image_size = 64;
+    ModelOptions exact_opt = covering_model(depth);
     ModelOptions fused_opt = exact_opt;
     fused_opt.dtype = core::DType::f16;
     ModelOptions plain_opt = fused_opt;
@@ -378,18 +410,7 @@ TEST(ResNetGpu, FusedBatchNormActivationTrainsAsTheSeparateKernels) {
                 fused.fused ? "fused with ReLU and residual add (cuDNN)" : "NOT fused: cuDNN refused the fused ops");
     ASSERT_TRUE(fused.fused) << "cuDNN documents BN_ACTIVATION and BN_ADD_ACTIVATION for NHWC fp16, persistent mode";
     ASSERT_FALSE(plain.fused);
-    const double loss_fused = std::abs(fused.loss - exact.loss) / exact.loss;
-    const double loss_plain = std::abs(plain.loss - exact.loss) / exact.loss;
-    const double update_fused = relative_l2(fused.after, exact.after, exact.init);
-    const double update_plain = relative_l2(plain.after, exact.after, exact.init);
-    const double running_fused = relative_l2(fused.running, exact.running);
-    const double running_plain = relative_l2(plain.running, exact.running);
-    std::printf("  against fp32, fused | separate: loss %.2e | %.2e, update %.2e | %.2e, running statistics "
-                "%.2e | %.2e\n", loss_fused, loss_plain, update_fused, update_plain, running_fused, running_plain);
-    EXPECT_LT(loss_fused, 1.5 * loss_plain + 1e-3);
-    EXPECT_LT(update_fused, 1.5 * update_plain + 2e-2);
-    // Running mean and variance: cuDNN's fused forward must update them as the plain one does.
-    EXPECT_LT(running_fused, 1.5 * running_plain + 1e-3);
+    expect_tracks_fp32_as(exact, fused, plain, "fused | separate");
   }
 }
 
@@ -416,5 +437,163 @@ TEST(ResNetGpu, FusedBatchNormActivationOnlyWhereCudnnDocumentsIt) {
     if (!net.fused_bn_activation()) continue;
     net.set_batchnorm_sync([](double*, size_t, cudaStream_t) {}, 1);
     EXPECT_FALSE(net.fused_bn_activation()) << "synchronised BatchNorm runs our own kernels";
+  }
+}
+
+namespace {
+
+// One training step of a fresh model: forward, then backward at loss weight 1 onto poisoned
+// gradients.
+struct Step {
+  std::vector<ParamSpec> specs;
+  int nchw_directions = 0;
+  float loss = 0;
+  std::vector<float> logits, grads;
+};
+
+Step train_step(const ModelOptions& o, const Batch& b, cudaStream_t s) {
+  ResNet net(o);
+  poison_grads(net, s);
+  net.forward(b.images.get(), true, s);
+  net.backward(b.labels.get(), 1.f, false, nullptr, s);
+  return {net.param_specs(), net.nchw_conv_directions(), net.last_loss(s),
+          download(net.logits(), size_t(o.batch) * o.net.classes, s), download(net.grads(), size_t(net.param_count()), s)};
+}
+
+// Forward and backward-filter of every conv, backward-data of all but the stem.
+int conv_directions(const ModelOptions& o) { return 3 * int(resnet_layout(o.net).convs.size()) - 1; }
+
+// Per gradient tensor: the relative L2 distance, and the largest element difference relative to
+// the tensor's largest element (both infinite where `got` is not finite).
+struct TensorError {
+  double l2 = 0, max = 0;
+};
+
+std::vector<TensorError> tensor_errors(const Step& got, const Step& want) {
+  std::vector<TensorError> out;
+  int64_t off = 0;
+  for (const ParamSpec& p : want.specs) {
+    const auto begin = size_t(off), end = size_t(off + p.count);
+    const std::vector<float> a(got.grads.begin() + begin, got.grads.begin() + end);
+    const std::vector<float> r(want.grads.begin() + begin, want.grads.begin() + end);
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+      max_diff = std::isfinite(a[i]) ? std::max(max_diff, double(std::abs(a[i] - r[i]))) : INFINITY;
+      max_ref = std::max(max_ref, double(std::abs(r[i])));
+    }
+    out.push_back({relative_l2(a, r), max_diff / max_ref});
+    off += p.count;
+  }
+  return out;
+}
+
+// Training in NCHW must be the same arithmetic as in NHWC; what differs is the cuDNN algorithms'
+// rounding, which the BN backward of a network at initialisation amplifies (fp32's own gradients
+// of ResNet-50 are 2.5 % from float64, see ReferenceGpu), so gradients are held to the bar of
+// one fp32 step elsewhere (1e-3 relative L2, test_data_parallel_gpu.cpp), every element to 1 % of
+// its tensor's largest, and the worst is printed: a wrong transpose, filter order or beta is off
+// by order 1.
+void expect_same_step(const Step& got, const Step& want, const std::string& what) {
+  EXPECT_LE(relative_l2(got.logits, want.logits), 1e-4) << what << " logits";
+  EXPECT_NEAR(got.loss, want.loss, 1e-5 * want.loss) << what;
+  const std::vector<TensorError> errors = tensor_errors(got, want);
+  TensorError worst;
+  for (size_t t = 0; t < errors.size(); ++t) {
+    EXPECT_LE(errors[t].l2, 1e-3) << what << " " << want.specs[t].name;
+    EXPECT_LE(errors[t].max, 1e-2) << what << " " << want.specs[t].name;
+    worst = {std::max(worst.l2, errors[t].l2), std::max(worst.max, errors[t].max)};
+  }
+  std::printf("%s: logits %.2e, loss %.2e, gradients worst relative L2 %.2e, worst element %.2e of its tensor's largest\n",
+              what.c_str(), relative_l2(got.logits, want.logits), std::abs(got.loss - want.loss) / want.loss, worst.l2,
+              worst.max);
+}
+
+}  // namespace
+
+TEST(ResNetGpu, NchwConvolutionsTrainAsNhwcInFp32) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const uint32_t seed = std::random_device{}();
+  for (const int depth : {18, 50}) {
+    SCOPED_TRACE("ResNet-" + std::to_string(depth));
+    ModelOptions nhwc = covering_model(depth), nchw = nhwc;
+    nhwc.conv_layout = ConvLayout::nhwc;
+    nchw.conv_layout = ConvLayout::nchw;
+    const Batch b = random_batch(nhwc, seed);
+    const Step want = train_step(nhwc, b, s), got = train_step(nchw, b, s);
+    EXPECT_EQ(want.nchw_directions, 0);
+    EXPECT_EQ(got.nchw_directions, conv_directions(nchw));
+    expect_same_step(got, want, "ResNet-" + std::to_string(depth) + " fp32 NCHW against NHWC");
+  }
+}
+
+// The measured choice mixes layouts, within a layer too (one direction's NCHW result next to the
+// other's NHWC): the step is still NHWC's. --deterministic keeps every direction in NHWC.
+TEST(ResNetGpu, MeasuredConvLayoutsTrainAsNhwc) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const ModelOptions measured = covering_model(50);
+  ModelOptions nhwc = measured, deterministic = measured;
+  nhwc.conv_layout = ConvLayout::nhwc;
+  deterministic.deterministic = true;
+  EXPECT_EQ(ResNet(deterministic).nchw_conv_directions(), 0);
+  const Batch b = random_batch(measured, std::random_device{}());
+  const Step want = train_step(nhwc, b, s), got = train_step(measured, b, s);
+  std::printf("%d of %d convolution directions measured faster in NCHW\n", got.nchw_directions,
+              conv_directions(measured));
+  expect_same_step(got, want, "ResNet-50 fp32 measured layouts against NHWC");
+}
+
+// TF32 rounds differently in the two layouts' algorithms: each is measured against the strict
+// fp32 step, and NCHW must be about as close to it as NHWC (a layout error is off by order 1).
+TEST(ResNetGpu, NchwConvolutionsInTf32TrackFp32AsNhwc) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const uint32_t seed = std::random_device{}();
+  for (const int depth : {18, 50}) {
+    SCOPED_TRACE("ResNet-" + std::to_string(depth));
+    ModelOptions exact = covering_model(depth);
+    exact.conv_layout = ConvLayout::nhwc;
+    ModelOptions nhwc = exact;
+    nhwc.math = core::MathMode::tf32;
+    ModelOptions nchw = nhwc;
+    nchw.conv_layout = ConvLayout::nchw;
+    const Batch b = random_batch(exact, seed);
+    const Step ref = train_step(exact, b, s), a = train_step(nhwc, b, s), c = train_step(nchw, b, s);
+    EXPECT_EQ(c.nchw_directions, conv_directions(nchw));
+    const double logits_nhwc = relative_l2(a.logits, ref.logits), logits_nchw = relative_l2(c.logits, ref.logits);
+    EXPECT_LE(logits_nchw, std::max(3 * logits_nhwc, 1e-2));
+    EXPECT_NEAR(c.loss, ref.loss, 1e-2 * ref.loss);
+    const std::vector<TensorError> err_nhwc = tensor_errors(a, ref), err_nchw = tensor_errors(c, ref);
+    double worst_nhwc = 0, worst_nchw = 0;
+    for (size_t t = 0; t < err_nchw.size(); ++t) {
+      EXPECT_LE(err_nchw[t].l2, std::max(3 * err_nhwc[t].l2, 5e-2)) << ref.specs[t].name;
+      worst_nhwc = std::max(worst_nhwc, err_nhwc[t].l2);
+      worst_nchw = std::max(worst_nchw, err_nchw[t].l2);
+    }
+    std::printf("ResNet-%d tf32 against fp32, NHWC | NCHW: logits %.2e | %.2e, gradients worst relative L2 %.2e | %.2e\n",
+                depth, logits_nhwc, logits_nchw, worst_nhwc, worst_nchw);
+  }
+}
+
+// fp16 and bf16 in NCHW (the weight gradient through dw_work, transposed back before it is added
+// into the fp32 gradients): as close to the fp32 step as NHWC.
+TEST(ResNetGpu, HalfPrecisionNchwConvolutionsTrackFp32AsNhwc) {
+  GPULAB_REQUIRE_GPU();
+  core::Stream s;
+  const uint32_t seed = std::random_device{}();
+  const ModelOptions exact_opt = covering_model(50);
+  const FixedBatchRun exact = step_on_batch(exact_opt, random_batch(exact_opt, seed), s);
+  for (const core::DType dt : {core::DType::f16, core::DType::bf16}) {
+    const std::string name(core::dtype_name(dt));
+    SCOPED_TRACE(name);
+    ModelOptions nhwc = exact_opt;
+    nhwc.dtype = dt;
+    nhwc.conv_layout = ConvLayout::nhwc;
+    ModelOptions nchw = nhwc;
+    nchw.conv_layout = ConvLayout::nchw;
+    const Batch b = random_batch(nhwc, seed);
+    std::printf("ResNet-50 %s:\n", name.c_str());
+    expect_tracks_fp32_as(exact, step_on_batch(nchw, b, s), step_on_batch(nhwc, b, s), "NCHW | NHWC");
   }
 }
