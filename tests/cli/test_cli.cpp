@@ -354,7 +354,7 @@ TEST(Cli, GenerateCudaBatchOfCopiesAgrees) {
   ASSERT_EQ(d.exit_code, 0) << d.out;
   EXPECT_EQ(json_after_log_lines(d.out)["generated_tokens"], 24);
   // fp8 weights, random (quantized on the device) and from the checkpoint.
-  for (const std::string model :
+  for (const std::string& model :
        {"--dummy-weights --config " + kData + "/llama_tiny/config.json", "--model " + kData + "/llama_tiny"}) {
     const CliRun f = run("generate " + model + " --weights fp8 --ids 1,2,3 --max-tokens 8 --ignore-eos --batch 3 --json "
                          "--gpu-memory-fraction 0.3");
@@ -377,7 +377,9 @@ TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("no .JPEG"), std::string::npos) << r.out;
   fs::remove_all(empty);
-  if (!gpulab::core::why_no_device().empty()) EXPECT_EQ(run("train --synthetic --steps 1").exit_code, 3);
+  if (!gpulab::core::why_no_device().empty()) {
+    EXPECT_EQ(run("train --synthetic --steps 1").exit_code, 3);
+  }
   EXPECT_EQ(run("train --synthetic --gpus 0").exit_code, 2);
   EXPECT_EQ(run("train --synthetic --allreduce-dtype fp8").exit_code, 2);
   EXPECT_EQ(run("train --synthetic --conv-layout nhcw").exit_code, 2);
