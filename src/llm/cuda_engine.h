@@ -49,6 +49,11 @@ struct EngineOptions {
   // rank makes the same calls in the same order (TpEngine does for the GPUs of one process).
   ShardSpec shard;
   ncclComm_t comm = nullptr;
+  // With a comm: the residual, all-reduced twice a layer, lives in NCCL symmetric memory
+  // (comm/symmetric_buffer.h), so NCCL runs its low-latency symmetric kernels on it (plain
+  // memory where NCCL gives no symmetric window). The environment overrides this:
+  // GPULAB_NCCL_SYMMETRIC=0 or 1.
+  bool nccl_symmetric = true;
 };
 
 // Whether an engine with these options and this model runs its decode passes on skinny_gemm
@@ -62,6 +67,9 @@ class CudaEngine final : public Engine {
   // do not fit in gpu_memory_fraction of the GPU.
   CudaEngine(const WeightSource& weights, const EngineOptions& options = {});
   ~CudaEngine() override;
+  // The caller aborted the communicator (ncclCommAbort frees it): the engine's destructor then
+  // makes no NCCL call on it.
+  void communicator_aborted();
 
   const LlamaConfig& config() const override;
   const char* device_name() const override { return "cuda"; }
