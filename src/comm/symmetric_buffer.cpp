@@ -26,25 +26,29 @@ SymmetricMemory::SymmetricMemory(Communicator& comm, size_t bytes) : SymmetricMe
 
 SymmetricMemory::SymmetricMemory(ncclComm_t comm, Communicator* owner, size_t bytes)
     : comm_(comm), owner_(owner), bytes_(bytes) {
+  if (owner && owner->aborted()) throw core::Error("symmetric buffer: the communicator was aborted");
   if (bytes == 0) return;
   if (!comm) {
     ptr_ = core::device_malloc(bytes);
     return;
   }
+  GPULAB_CHECK(cudaGetDevice(&device_));
   if (const ncclResult_t a = ncclMemAlloc(&ptr_, bytes); a != ncclSuccess) {
     ptr_ = core::device_malloc(bytes);
     say_plain_once("ncclMemAlloc failed (" + core::status_string(a) + ")");
     return;
   }
   from_nccl_ = true;
-  GPULAB_CHECK(cudaGetDevice(&device_));
   try {
-    // A non-blocking communicator writes window_ when the registration's group ends.
-    const ncclResult_t r = ncclCommWindowRegister(comm, ptr_, bytes, &window_, NCCL_WIN_COLL_SYMMETRIC);
-    if (r == ncclInProgress && !owner)
-      throw core::Error("registering a symmetric buffer on a non-blocking NCCL communicator needs its comm::Communicator");
-    if (r == ncclInProgress) owner->settle(r, "registering a symmetric buffer");
-    if (r != ncclSuccess && r != ncclInProgress) {
+    // A non-blocking communicator writes window_ when the registration's group ends: a
+    // Communicator's watchdog waits for that; a raw one (not used so) is polled.
+    ncclResult_t r = ncclCommWindowRegister(comm, ptr_, bytes, &window_, NCCL_WIN_COLL_SYMMETRIC);
+    if (r == ncclInProgress && owner) {
+      owner->settle(r, "registering a symmetric buffer");
+      r = ncclSuccess;
+    }
+    while (r == ncclInProgress) GPULAB_CHECK(ncclCommGetAsyncError(comm, &r));
+    if (r != ncclSuccess) {
       window_ = nullptr;
       say_plain_once("ncclCommWindowRegister failed (" + core::status_string(r) + ")");
     } else if (!window_) {
