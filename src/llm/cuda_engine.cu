@@ -105,12 +105,6 @@ std::string env_value(const char* name) {
   return v ? v : "";
 }
 
-// Whether the residual goes in NCCL symmetric memory: a comm, and nccl_symmetric or
-// GPULAB_NCCL_SYMMETRIC=1, not vetoed by GPULAB_NCCL_SYMMETRIC=0.
-bool residual_in_symmetric_memory(const EngineOptions& options) {
-  static const std::string env = env_value("GPULAB_NCCL_SYMMETRIC");
-  return options.comm && (env == "1" || (env != "0" && options.nccl_symmetric));
-}
 
 }  // namespace
 
@@ -136,8 +130,8 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<float> inv_freq;
 
   // Activations, sized for max_tokens rows; logits for logit_rows.
-  // x, the residual that tensor parallel all-reduces, in NCCL symmetric memory when
-  // residual_in_symmetric_memory (else, and without a comm, a plain device buffer).
+  // x, the residual that tensor parallel all-reduces, in NCCL symmetric memory with a comm and
+  // residual_wants_symmetric_memory (else a plain device buffer).
   comm::SymmetricBuffer<float> x;
   core::DeviceBuffer<float> x_last, logits;  // logits: [rows, part.vocab_rows] of this rank
   core::DeviceBuffer<float> gathered;            // with a comm: every rank's logits [world, rows, vocab_rows]
@@ -405,7 +399,7 @@ struct CudaEngine::Impl {
   void allocate_buffers() {
     const LlamaConfig& c = cfg;
     const int64_t h = c.hidden_size, B = opt.max_batch;
-    x = comm::SymmetricBuffer<float>(residual_in_symmetric_memory(opt) ? opt.comm : nullptr, max_tokens * h);
+    x = comm::SymmetricBuffer<float>(residual_wants_symmetric_memory(opt) ? opt.comm : nullptr, max_tokens * h);
     x_last = core::DeviceBuffer<float>(logit_rows * h);
     logits = core::DeviceBuffer<float>(logit_rows * part.vocab_rows);
     if (opt.comm) gathered = core::DeviceBuffer<float>(part.shard.world * logit_rows * part.vocab_rows);
@@ -789,6 +783,11 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
 CudaEngine::~CudaEngine() = default;
 
 void CudaEngine::communicator_aborted() { impl_->x.forget_communicator(); }
+
+bool residual_wants_symmetric_memory(const EngineOptions& options) {
+  static const std::string env = env_value("GPULAB_NCCL_SYMMETRIC");
+  return env == "1" || (env != "0" && options.nccl_symmetric);
+}
 
 bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
   static const std::string env = env_value("GPULAB_SKINNY_GEMM");

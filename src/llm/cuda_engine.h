@@ -56,6 +56,10 @@ struct EngineOptions {
   bool nccl_symmetric = true;
 };
 
+// Whether a tensor-parallel engine with these options asks for its residual in NCCL symmetric
+// memory (nccl_symmetric or GPULAB_NCCL_SYMMETRIC=1, not vetoed by GPULAB_NCCL_SYMMETRIC=0).
+bool residual_wants_symmetric_memory(const EngineOptions& options);
+
 // Whether an engine with these options and this model runs its decode passes on skinny_gemm
 // (asked for by the options or GPULAB_SKINNY_GEMM=1 and not vetoed by GPULAB_SKINNY_GEMM=0; single
 // GPU, bf16 weights, max_batch ≤ 16, widths of whole 16-byte pieces).
