@@ -134,7 +134,7 @@ struct CudaEngine::Impl {
   // residual_wants_symmetric_memory (else a plain device buffer).
   comm::SymmetricBuffer<float> x;
   core::DeviceBuffer<float> x_last, logits;  // logits: [rows, part.vocab_rows] of this rank
-  core::DeviceBuffer<float> gathered;            // with a comm: every rank's logits [world, rows, vocab_rows]
+  core::DeviceBuffer<float> gathered;        // with a comm: every rank's logits [world, rows, vocab_rows]
   core::DeviceBuffer<bf16> xn, qkv, attn, gate_up, act;
   core::DeviceBuffer<std::byte> decode_ws;
   // fp8 linear layers: the quantized activation, its scales (one per row), the row amaxes of
