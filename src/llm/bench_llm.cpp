@@ -122,6 +122,7 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     DecodeFigures f;
     f.batch = batch;
     f.skinny_gemm = s.tp == 1 && decode_uses_skinny_gemm(s.cuda, c);
+    if (s.tp > 1) f.all_reduce = residual_wants_symmetric_memory(s.cuda) ? "symmetric" : "plain";
     std::vector<std::span<const int32_t>> chunks(prompts.begin(), prompts.end());
     auto t0 = Clock::now();
     engine->step(seqs, chunks, logits);

@@ -38,6 +38,9 @@ struct DecodeFigures {
   double floor_ms = 0;           // bytes_per_step over the copy bandwidth
   double fraction_of_floor = 0;  // floor_ms / step_ms_median
   bool skinny_gemm = false;      // decode GEMMs on kernels::skinny_gemm (else cuBLASLt)
+  // The residual's all-reduce: "none" (one GPU), "symmetric" (NCCL symmetric memory asked for;
+  // the log says whether NCCL gave the window) or "plain".
+  const char* all_reduce = "none";
 };
 
 struct PrefillFigures {

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "blas/matmul.h"
+#include "comm/symmetric_buffer.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -98,6 +99,13 @@ struct Piece {
   std::span<const int32_t> tokens;
 };
 
+// An A/B switch's environment variable: its value, "" when unset.
+std::string env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+
 }  // namespace
 
 struct CudaEngine::Impl {
@@ -122,8 +130,11 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<float> inv_freq;
 
   // Activations, sized for max_tokens rows; logits for logit_rows.
-  core::DeviceBuffer<float> x, x_last, logits;  // logits: [rows, part.vocab_rows] of this rank
-  core::DeviceBuffer<float> gathered;            // with a comm: every rank's logits [world, rows, vocab_rows]
+  // x, the residual that tensor parallel all-reduces, in NCCL symmetric memory with a comm and
+  // residual_wants_symmetric_memory (else a plain device buffer).
+  comm::SymmetricBuffer<float> x;
+  core::DeviceBuffer<float> x_last, logits;  // logits: [rows, part.vocab_rows] of this rank
+  core::DeviceBuffer<float> gathered;        // with a comm: every rank's logits [world, rows, vocab_rows]
   core::DeviceBuffer<bf16> xn, qkv, attn, gate_up, act;
   core::DeviceBuffer<std::byte> decode_ws;
   // fp8 linear layers: the quantized activation, its scales (one per row), the row amaxes of
@@ -388,7 +399,7 @@ struct CudaEngine::Impl {
   void allocate_buffers() {
     const LlamaConfig& c = cfg;
     const int64_t h = c.hidden_size, B = opt.max_batch;
-    x = core::DeviceBuffer<float>(max_tokens * h);
+    x = comm::SymmetricBuffer<float>(residual_wants_symmetric_memory(opt) ? opt.comm : nullptr, max_tokens * h);
     x_last = core::DeviceBuffer<float>(logit_rows * h);
     logits = core::DeviceBuffer<float>(logit_rows * part.vocab_rows);
     if (opt.comm) gathered = core::DeviceBuffer<float>(part.shard.world * logit_rows * part.vocab_rows);
@@ -761,6 +772,9 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   m.copy_up(m.inv_freq.get(), inv.data(), inv.size() * 4);
   m.skinny_decode = decode_uses_skinny_gemm(options, m.model);
   m.allocate_buffers();
+  if (options.comm && m.part.shard.rank == 0)
+    core::log_info("tensor parallel: the residual's all-reduces run over ",
+                   m.x.symmetric() ? "NCCL symmetric memory" : "a plain buffer");
   if (m.fp8()) m.fp8_into_float = m.probe_fp8_into_float();
   m.size_kv_pool();
   m.warm_up();
@@ -768,11 +782,15 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
 
 CudaEngine::~CudaEngine() = default;
 
+void CudaEngine::communicator_aborted() { impl_->x.forget_communicator(); }
+
+bool residual_wants_symmetric_memory(const EngineOptions& options) {
+  static const std::string env = env_value("GPULAB_NCCL_SYMMETRIC");
+  return env == "1" || (env != "0" && options.nccl_symmetric);
+}
+
 bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
-  static const std::string env = [] {
-    const char* v = std::getenv("GPULAB_SKINNY_GEMM");
-    return std::string(v ? v : "");
-  }();
+  static const std::string env = env_value("GPULAB_SKINNY_GEMM");
   const bool wanted = env == "1" || (env != "0" && options.skinny_gemm);
   return wanted && options.weights == WeightFormat::bf16 && options.shard.world == 1 &&
          kernels::skinny_gemm_fits(options.max_batch, model.hidden_size) &&

@@ -49,7 +49,16 @@ struct EngineOptions {
   // rank makes the same calls in the same order (TpEngine does for the GPUs of one process).
   ShardSpec shard;
   ncclComm_t comm = nullptr;
+  // With a comm: the residual, all-reduced twice a layer, lives in NCCL symmetric memory
+  // (comm/symmetric_buffer.h), so NCCL runs its low-latency symmetric kernels on it (plain
+  // memory where NCCL gives no symmetric window). The environment overrides this:
+  // GPULAB_NCCL_SYMMETRIC=0 or 1.
+  bool nccl_symmetric = true;
 };
+
+// Whether a tensor-parallel engine with these options asks for its residual in NCCL symmetric
+// memory (nccl_symmetric or GPULAB_NCCL_SYMMETRIC=1, not vetoed by GPULAB_NCCL_SYMMETRIC=0).
+bool residual_wants_symmetric_memory(const EngineOptions& options);
 
 // Whether an engine with these options and this model runs its decode passes on skinny_gemm
 // (asked for by the options or GPULAB_SKINNY_GEMM=1 and not vetoed by GPULAB_SKINNY_GEMM=0; single
@@ -62,6 +71,9 @@ class CudaEngine final : public Engine {
   // do not fit in gpu_memory_fraction of the GPU.
   CudaEngine(const WeightSource& weights, const EngineOptions& options = {});
   ~CudaEngine() override;
+  // The caller aborted the communicator (ncclCommAbort frees it): the engine's destructor then
+  // makes no NCCL call on it.
+  void communicator_aborted();
 
   const LlamaConfig& config() const override;
   const char* device_name() const override { return "cuda"; }

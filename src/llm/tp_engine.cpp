@@ -115,6 +115,7 @@ struct TpEngine::Impl {
     const std::vector<ncclComm_t> live = comms;
     try {
       run([&](int r) {
+        if (live.empty() && ranks[r]) ranks[r]->communicator_aborted();
         ranks[r].reset();
         if (!live.empty()) GPULAB_CHECK_NOTHROW(ncclCommDestroy(live[r]));
       }, true);

@@ -27,7 +27,7 @@ std::string run_quick(const std::string& suite, nlohmann::json& results) {
   return out.str();
 }
 
-void expect_sane(const std::string& suite, size_t min_rows) {
+nlohmann::json expect_sane(const std::string& suite, size_t min_rows) {
   nlohmann::json results;
   const std::string table = run_quick(suite, results);
   EXPECT_EQ(table.find("FAILED"), std::string::npos) << table;
@@ -39,6 +39,7 @@ void expect_sane(const std::string& suite, size_t min_rows) {
     EXPECT_TRUE(std::isfinite(r["value"].get<double>())) << r.dump();
   }
   std::cout << table;
+  return results;
 }
 
 }  // namespace
@@ -63,5 +64,25 @@ TEST(SuitesGpu, Gemm) { GPULAB_REQUIRE_GPU(); expect_sane("gemm", 15); }
 TEST(SuitesGpu, Decode) { GPULAB_REQUIRE_GPU(); expect_sane("decode", 24); }
 TEST(SuitesGpu, UnifiedMemory) { GPULAB_REQUIRE_GPU(); expect_sane("um", 0); }
 TEST(SuitesGpu, P2p) { GPULAB_REQUIRE_GPU(); expect_sane("p2p", 0); }
-TEST(SuitesGpu, Nccl) { GPULAB_REQUIRE_GPU(); expect_sane("nccl", 12); }
+// Every plain all-reduce row has its symmetric-memory twin of the same size (their #wrong, as every
+// row's, fails the suite), over a symmetric window where several GPUs reach each other.
+TEST(SuitesGpu, Nccl) {
+  GPULAB_REQUIRE_GPU();
+  const nlohmann::json results = expect_sane("nccl", 16);
+  std::map<std::string, const nlohmann::json*> rows;
+  for (const auto& r : results) rows[r["name"].get<std::string>()] = &r;
+  const int gpus = visible_gpus();
+  size_t twins = 0;
+  for (const auto& [name, row] : rows) {
+    if (name.rfind("all_reduce_", 0) != 0 || name.rfind("all_reduce_symmetric_", 0) == 0) continue;
+    const auto twin = rows.find("all_reduce_symmetric_" + name.substr(std::string("all_reduce_").size()));
+    ASSERT_NE(twin, rows.end()) << name << " has no symmetric row";
+    const nlohmann::json& p = (*twin->second)["params"];
+    EXPECT_EQ(p["bytes"].get<size_t>(), (*row)["params"]["bytes"].get<size_t>());
+    EXPECT_EQ(p["wrong"].get<uint64_t>(), 0u) << twin->first;
+    if (gpus > 1 && gpus_reach_each_other(gpus)) EXPECT_TRUE(p["symmetric"].get<bool>()) << twin->first;
+    ++twins;
+  }
+  EXPECT_GT(twins, 0u);
+}
 TEST(SuitesGpu, Power) { GPULAB_REQUIRE_GPU(); expect_sane("power", 0); }

@@ -18,3 +18,13 @@ inline int visible_gpus() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
+
+// Whether GPUs 0 .. n-1 all have peer access to each other (NVLink or PCIe P2P).
+inline bool gpus_reach_each_other(int n) {
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      int ok = 0;
+      if (a != b && (cudaDeviceCanAccessPeer(&ok, a, b) != cudaSuccess || !ok)) return false;
+    }
+  return true;
+}

@@ -130,25 +130,22 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / den);
 }
 
-// TP N against TP 1: prompt logits within relative L2 1e-2 (bf16 rounding of activations that
-// now come from sums in another order), and greedy decoding equal until TP 1's logits hold a
-// near tie between the two tokens (within two bf16 steps, 2^-6 relative), each step's logits
-// within 1e-2 while the tokens agree.
-void expect_tp_matches_tp1(const WeightSource& w, int world) {
-  SCOPED_TRACE("TP " + std::to_string(world));
-  TpEngine one(w, small_options(), {0});
-  TpEngine many(w, small_options(), tp_devices(world));
-  EXPECT_EQ(many.world(), world);
+// `got` against `want`, engines whose sums run in different orders: prompt logits within
+// relative L2 1e-2 (bf16 rounding of activations that now come from sums in another order), and
+// greedy decoding equal until want's logits hold a near tie between the two tokens (within two
+// bf16 steps, 2^-6 relative), each step's logits within 1e-2 while the tokens agree.
+void expect_close(TpEngine& want, TpEngine& got, const WeightSource& w, const std::string& label) {
+  const int world = got.world();
   const int64_t V = w.config().vocab_size;
   const auto ps = prompts(V);
   for (size_t i = 0; i < ps.size(); ++i) {
-    const std::vector<float> a = one.logits(ps[i]), b = many.logits(ps[i]);
+    const std::vector<float> a = want.logits(ps[i]), b = got.logits(ps[i]);
     ASSERT_EQ(a.size(), b.size());
     const double e = rel_l2(b, a);
-    std::printf("TP %d prompt %zu: logits rel L2 %.2e vs TP 1\n", world, i, e);
+    std::printf("TP %d prompt %zu: logits rel L2 %.2e vs %s\n", world, i, e, label.c_str());
     EXPECT_LE(e, 1e-2) << "prompt " << i;
   }
-  const GreedyRun a = greedy(one, ps, 24), b = greedy(many, ps, 24);
+  const GreedyRun a = greedy(want, ps, 24), b = greedy(got, ps, 24);
   for (size_t i = 0; i < ps.size(); ++i) {
     size_t t = 0;
     while (t < a.tokens[i].size() && a.tokens[i][t] == b.tokens[i][t]) {
@@ -157,14 +154,23 @@ void expect_tp_matches_tp1(const WeightSource& w, int world) {
       EXPECT_LE(rel_l2(rb, ra), 1e-2) << "sequence " << i << " step " << t;
       ++t;
     }
-    std::printf("TP %d sequence %zu: %zu of %zu greedy tokens equal TP 1's\n", world, i, t, a.tokens[i].size());
+    std::printf("TP %d sequence %zu: %zu of %zu greedy tokens equal %s's\n", world, i, t, a.tokens[i].size(),
+                label.c_str());
     if (t == a.tokens[i].size()) continue;
     const float* row = a.logits[t].data() + i * V;
     const float top = row[a.tokens[i][t]], other = row[b.tokens[i][t]];
     EXPECT_LE(top - other, std::ldexp(std::abs(top), -6))
         << "sequence " << i << " step " << t << ": TP " << world << " chose " << b.tokens[i][t] << " over "
-        << a.tokens[i][t] << ", not a near tie in TP 1's logits (" << other << " vs " << top << ")";
+        << a.tokens[i][t] << ", not a near tie in " << label << "'s logits (" << other << " vs " << top << ")";
   }
+}
+
+void expect_tp_matches_tp1(const WeightSource& w, int world) {
+  SCOPED_TRACE("TP " + std::to_string(world));
+  TpEngine one(w, small_options(), {0});
+  TpEngine many(w, small_options(), tp_devices(world));
+  EXPECT_EQ(many.world(), world);
+  expect_close(one, many, w, "TP 1");
 }
 
 TEST(TpEngine, AllVisibleGpusMatchOneRank) {
@@ -181,6 +187,31 @@ TEST(TpEngine, AllVisibleGpusMatchOneRank) {
     ran = true;
   }
   if (!ran) GTEST_SKIP() << n << " GPUs divide neither fixture's heads (4 and 8)";
+}
+
+// The residual's all-reduce over NCCL symmetric memory (the default; the log says whether NCCL
+// gave the window) against a plain buffer (EngineOptions::nccl_symmetric off) on every visible
+// GPU. Prompt passes (heuristic GEMM algorithms, the same in both engines) at 2 ranks bit for bit:
+// a sum of two is the same in any order, whatever kernel adds it. Then expect_close, prompts and
+// greedy decoding from the CUDA graph: NCCL's symmetric kernels may add more ranks in another
+// order, and each engine times its own decode GEMM algorithms.
+TEST(TpEngine, SymmetricMemoryAllReduceMatchesThePlainOne) {
+  GPULAB_REQUIRE_GPU();
+  const int n = visible_gpus();
+  if (n < 2 || 8 % n) GTEST_SKIP() << "needs 2, 4 or 8 GPUs, " << n << " visible";
+  EngineOptions off = small_options();
+  off.nccl_symmetric = false;
+  if (residual_wants_symmetric_memory(off) || !residual_wants_symmetric_memory(small_options()))
+    GTEST_SKIP() << "GPULAB_NCCL_SYMMETRIC is set: it overrides both engines";
+  const WeightSource w = gqa_random();
+  TpEngine plain(w, off, tp_devices(n));
+  TpEngine symmetric(w, small_options(), tp_devices(n));
+  if (n == 2) {
+    const auto ps = prompts(w.config().vocab_size);
+    for (size_t i = 0; i < ps.size(); ++i)
+      expect_bitwise_equal(symmetric.logits(ps[i]), plain.logits(ps[i]), "prompt " + std::to_string(i));
+  }
+  expect_close(plain, symmetric, w, "the plain all-reduce");
 }
 
 // TP 2 on the transformers fixture when 2 GPUs are visible, whatever their count.
