@@ -48,12 +48,6 @@ std::string gib(size_t bytes) {
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // A slice of a random tensor: element i is element first + (i / length) · stride + i % length
 // of the whole (SliceRuns), so every rank's shard holds the values of the unsharded model.
 __global__ void fill_random_kernel(bf16* out, int64_t n, int64_t length, int64_t first, int64_t stride,

@@ -51,9 +51,9 @@ struct EngineOptions {
   ncclComm_t comm = nullptr;
   // With a comm: the residual, all-reduced twice a layer, lives in NCCL symmetric memory
   // (comm/symmetric_buffer.h), so NCCL runs its low-latency symmetric kernels on it (plain
-  // memory where NCCL gives no symmetric window). The environment overrides this:
-  // GPULAB_NCCL_SYMMETRIC=0 or 1.
-  bool nccl_symmetric = true;
+  // memory where NCCL gives no symmetric window). Off until it is measured on several GPUs (it
+  // has not run on any yet). The environment overrides this: GPULAB_NCCL_SYMMETRIC=0 or 1.
+  bool nccl_symmetric = false;
 };
 
 // Whether a tensor-parallel engine with these options asks for its residual in NCCL symmetric

@@ -80,7 +80,9 @@ TEST(SuitesGpu, Nccl) {
     const nlohmann::json& p = (*twin->second)["params"];
     EXPECT_EQ(p["bytes"].get<size_t>(), (*row)["params"]["bytes"].get<size_t>());
     EXPECT_EQ(p["wrong"].get<uint64_t>(), 0u) << twin->first;
-    if (gpus > 1 && gpus_reach_each_other(gpus)) EXPECT_TRUE(p["symmetric"].get<bool>()) << twin->first;
+    if (gpus > 1 && gpus_reach_each_other(gpus)) {
+      EXPECT_TRUE(p["symmetric"].get<bool>()) << twin->first;
+    }
     ++twins;
   }
   EXPECT_GT(twins, 0u);

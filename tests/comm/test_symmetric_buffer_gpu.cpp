@@ -66,7 +66,9 @@ void expect_sums(const float* got_device, const std::vector<float>& want, cudaSt
 // outcome is printed (NCCL decides it).
 void expect_window(bool symmetric, int world) {
   std::printf("world %d: %s\n", world, symmetric ? "symmetric window" : "plain memory (no window)");
-  if (world > 1 && gpus_reach_each_other(world)) EXPECT_TRUE(symmetric) << "world " << world;
+  if (world > 1 && gpus_reach_each_other(world)) {
+    EXPECT_TRUE(symmetric) << "world " << world;
+  }
 }
 
 // One communicator per GPU 0 .. world-1 from ncclCommInitAll (blocking), freed at the end.

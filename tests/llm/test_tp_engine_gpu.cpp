@@ -189,8 +189,8 @@ TEST(TpEngine, AllVisibleGpusMatchOneRank) {
   if (!ran) GTEST_SKIP() << n << " GPUs divide neither fixture's heads (4 and 8)";
 }
 
-// The residual's all-reduce over NCCL symmetric memory (the default; the log says whether NCCL
-// gave the window) against a plain buffer (EngineOptions::nccl_symmetric off) on every visible
+// The residual's all-reduce over NCCL symmetric memory (EngineOptions::nccl_symmetric; the log
+// says whether NCCL gave the window) against a plain buffer (the default) on every visible
 // GPU. Prompt passes (heuristic GEMM algorithms, the same in both engines) at 2 ranks bit for bit:
 // a sum of two is the same in any order, whatever kernel adds it. Then expect_close, prompts and
 // greedy decoding from the CUDA graph: NCCL's symmetric kernels may add more ranks in another
@@ -199,13 +199,14 @@ TEST(TpEngine, SymmetricMemoryAllReduceMatchesThePlainOne) {
   GPULAB_REQUIRE_GPU();
   const int n = visible_gpus();
   if (n < 2 || 8 % n) GTEST_SKIP() << "needs 2, 4 or 8 GPUs, " << n << " visible";
-  EngineOptions off = small_options();
+  EngineOptions off = small_options(), on = small_options();
   off.nccl_symmetric = false;
-  if (residual_wants_symmetric_memory(off) || !residual_wants_symmetric_memory(small_options()))
+  on.nccl_symmetric = true;
+  if (residual_wants_symmetric_memory(off) || !residual_wants_symmetric_memory(on))
     GTEST_SKIP() << "GPULAB_NCCL_SYMMETRIC is set: it overrides both engines";
   const WeightSource w = gqa_random();
   TpEngine plain(w, off, tp_devices(n));
-  TpEngine symmetric(w, small_options(), tp_devices(n));
+  TpEngine symmetric(w, on, tp_devices(n));
   if (n == 2) {
     const auto ps = prompts(w.config().vocab_size);
     for (size_t i = 0; i < ps.size(); ++i)
