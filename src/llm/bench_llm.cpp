@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "llm/cpu_model.h"
 
 namespace gpulab::llm {
 
@@ -22,10 +23,6 @@ double percentile(std::vector<double> v, double p) {
   const double rank = p / 100 * static_cast<double>(v.size() - 1);
   const size_t lo = static_cast<size_t>(rank), hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (rank - static_cast<double>(lo)) * (v[hi] - v[lo]);
-}
-
-int32_t argmax_row(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
 // Median time in ms of `reps` runs of `fn` on `stream`, after `warmup` untimed ones.
@@ -116,7 +113,7 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     std::vector<std::vector<int32_t>> last(batch, std::vector<int32_t>(1));
     auto sample = [&] {
       for (int64_t i = 0; i < batch; ++i)
-        last[i][0] = argmax_row(std::span(logits).subspan(i * c.vocab_size, c.vocab_size));
+        last[i][0] = argmax(std::span(logits).subspan(i * c.vocab_size, c.vocab_size));
     };
 
     DecodeFigures f;

@@ -52,7 +52,7 @@ class CpuModel {
   std::vector<float> inv_freq_;
 };
 
-// Index of the largest of `values` (the first one on ties).
+// Index of the largest of `values` (the first one on ties; NaNs are skipped; 0 when empty or all NaN).
 int32_t argmax(std::span<const float> values);
 
 }  // namespace gpulab::llm

@@ -27,8 +27,9 @@ class Sampler {
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<int32_t> order_;  // scratch reused across tokens (vocabulary-sized)
-  std::vector<double> prob_;
+  // Scratch reused across tokens (vocabulary-sized): candidate ids, and weights by token id.
+  std::vector<int32_t> order_;
+  std::vector<float> weight_;
 };
 
 }  // namespace gpulab::llm

@@ -41,8 +41,9 @@ TEST(Fp8Checkpoint, PerTensorAndPerChannelScalesLoadAndDequantizeExactly) {
     ASSERT_EQ(scales, want.row_scales) << name;
     const auto bytes = fp8.fp8_bytes(name);
     ASSERT_EQ(std::vector<uint8_t>(bytes.begin(), bytes.end()), want.q) << name;
-    if (name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos)
+    if (name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos) {
       for (float s : scales) EXPECT_EQ(s, scales[0]) << name << ": a per-tensor scale repeated per row";
+    }
     const std::vector<float> deq = fp8.load_f32(name);
     double num = 0, den = 0;
     for (size_t i = 0; i < w.size(); ++i) {
