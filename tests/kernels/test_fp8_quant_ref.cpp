@@ -67,7 +67,9 @@ TEST(Fp8QuantRef, RoundTripIsWithinHalfAnE4m3Step) {
       num += double(back - x[i]) * (back - x[i]);
       den += double(x[i]) * x[i];
     }
-    if (g == Fp8Granularity::row) EXPECT_LT(std::sqrt(num / den), 0.04);  // ~2^-4/sqrt(3) at most
+    if (g == Fp8Granularity::row) {
+      EXPECT_LT(std::sqrt(num / den), 0.04);  // ~2^-4/sqrt(3) at most
+    }
   }
 }
 

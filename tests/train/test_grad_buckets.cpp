@@ -96,7 +96,9 @@ TEST(GradBuckets, Resnet50At25MegabytesCoversEveryParameterOnce) {
     EXPECT_EQ(b.begin, std::accumulate(counts.begin(), counts.begin() + b.first, int64_t(0)));
     EXPECT_EQ(b.end - b.begin, std::accumulate(counts.begin() + b.first, counts.begin() + b.last + 1, int64_t(0)));
     EXPECT_TRUE(b.end - b.begin <= cap || b.first == b.last) << "bucket " << k << " too large";
-    if (k > 0) EXPECT_GT(b.ready_after, buckets[k - 1].ready_after) << "launch order";
+    if (k > 0) {
+      EXPECT_GT(b.ready_after, buckets[k - 1].ready_after) << "launch order";
+    }
     int last_pos = -1;
     for (int p = b.first; p <= b.last; ++p) {
       EXPECT_EQ(owner[size_t(p)], -1) << specs[size_t(p)].name << " in two buckets";
@@ -105,7 +107,9 @@ TEST(GradBuckets, Resnet50At25MegabytesCoversEveryParameterOnce) {
     }
     EXPECT_EQ(b.ready_after, last_pos) << "bucket " << k << " launches when its last parameter is done";
     // Filled greedily: the next parameter toward the stem would not have fitted.
-    if (b.first > 0) EXPECT_GT(b.end - b.begin + counts[size_t(b.first) - 1], cap);
+    if (b.first > 0) {
+      EXPECT_GT(b.end - b.begin + counts[size_t(b.first) - 1], cap);
+    }
     covered += b.end - b.begin;
   }
   EXPECT_EQ(covered, total);
