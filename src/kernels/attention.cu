@@ -368,22 +368,26 @@ void dispatch_group(int group, F&& f) {
                     std::to_string(kMaxGroup) + ")");
 }
 
-// Combines the blocks' partial outputs of one (head, sequence) with their maxima and sums.
+// Combines the blocks' partial outputs of one (head, sequence) with their maxima and sums in one
+// pass (a running maximum, as within a block), so that the loads of several partials are in
+// flight together rather than three rounds of them. Thread i owns output element i.
 template <class T, int D>
-__global__ void decode_combine_kernel(T* out, int64_t out_stride, const int32_t* seq_lens, int q_heads, int blocks,
-                                      const float* part_o, const float* part_m, const float* part_l) {
-  const int h = blockIdx.x, seq = blockIdx.y;
+__global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_stride, const int32_t* seq_lens,
+                                                           int q_heads, int blocks, const float* part_o,
+                                                           const float* part_m, const float* part_l) {
+  const int h = blockIdx.x, seq = blockIdx.y, i = threadIdx.x;
   const int used = min(blocks, (seq_lens[seq] + kSplit - 1) / kSplit);  // blocks that had a split
   const int64_t base = (static_cast<int64_t>(seq) * q_heads + h) * blocks;
-  float mx = -INFINITY;
-  for (int s = 0; s < used; ++s) mx = fmaxf(mx, part_m[base + s]);
-  float total = 0.f;
-  for (int s = 0; s < used; ++s) total += part_l[base + s] * expf(part_m[base + s] - mx);
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < used; ++s) acc += part_o[(base + s) * D + i] * expf(part_m[base + s] - mx);
-    out[seq * out_stride + h * D + i] = static_cast<T>(used ? acc / total : 0.f);
+  float mx = -INFINITY, total = 0.f, acc = 0.f;
+#pragma unroll 4
+  for (int s = 0; s < used; ++s) {
+    const float m = part_m[base + s], l = part_l[base + s], o = part_o[(base + s) * D + i];
+    const float m_new = fmaxf(mx, m), old_weight = expf(mx - m_new), weight = expf(m - m_new);
+    total = total * old_weight + l * weight;
+    acc = acc * old_weight + o * weight;
+    mx = m_new;
   }
+  out[seq * out_stride + h * D + i] = static_cast<T>(used ? acc / total : 0.f);
 }
 
 template <class T>
