@@ -137,14 +137,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
 // threads per row, kRows rows per pass; a thread requests every row of its split, keys and
 // values (which do not depend on the softmax), before it waits on any, so a split costs one
 // memory round trip after the block table's, not one per pass. Splits are short so that even
-// one short sequence spreads over many SMs.
+// one short sequence spreads over many SMs: 64 positions are 32 KB of keys and values at head
+// dim 128, 16 vectors a thread, whole in registers up to group 8. A shorter split would spread
+// batch 1 over more SMs but double the partials the combine reads; a longer one would not fit.
 
 constexpr int kSplit = 64, kDecodeThreads = 128, kDecodeWarps = kDecodeThreads / 32;
 constexpr int kMaxGroup = 16;        // query heads per kv head that one block serves
 constexpr int kMaxSplitBlocks = 64;  // blocks per (kv head, sequence); each merges several splits
-constexpr int kDecodeBlocksPerSm = 16;  // grid bound: LLaMA-2-7B at batch 16 and 256 positions gets a block per split
-// Registers a thread gives to raw keys and values in flight plus its accumulators; ptxas adds
-// some 30 of its own, so the largest instantiations stay below 255 and never spill.
+constexpr int kDecodeBlocksPerSm = 16;  // bound on the grid, in blocks per SM (a few waves)
+// Registers a thread gives to raw keys and values in flight plus its accumulators. ptxas needs
+// up to about 100 more (addresses, q, sums): at 152 no instantiation spills (at 160 one did).
 constexpr int kDecodeRegBudget = 152;
 
 int64_t max_split_blocks(int64_t max_seq_len) {
@@ -179,6 +181,9 @@ struct DecodeTile {
   static_assert(kChunks * kVec * kLanes == D, "whole 16-byte loads per row");
   static_assert(kPasses * kRows == kSplit && kStages * kStage == kPasses, "whole passes per split and stage");
 };
+
+static_assert(DecodeTile<__nv_bfloat16, 128, 8>::kStages == 1 && DecodeTile<__half, 128, 8>::kStages == 1,
+              "LLaMA shapes (head dim 128, groups up to 8) load a whole split at once");
 
 // The N elements of a raw 16-byte vector, as floats.
 template <class T, int N>
@@ -444,9 +449,10 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
   if (num_seqs == 0) return;
   const int group = static_cast<int>(shape.q_heads / shape.kv_heads);
   // One split per block where the workspace (one partial per block) allows, so a block's chain
-  // is one split's round trip; but at most about kDecodeBlocksPerSm blocks per SM in all (a few
-  // waves), since blocks past a sequence's end still cost a launch and a read of its length
-  // when max_seq_len is far above the lengths. Past that, blocks merge several splits.
+  // is one split's round trip (LLaMA-2-7B at batch 16 and 256 positions: 4 blocks of 32 heads x
+  // 16 sequences); but about kDecodeBlocksPerSm blocks per SM at most, since blocks past a
+  // sequence's end still cost a launch and a read of its length when max_seq_len is far above
+  // the lengths. Past that, blocks merge several splits.
   const int64_t heads_seqs = shape.kv_heads * num_seqs;
   const int blocks = static_cast<int>(std::clamp<int64_t>(
       (kDecodeBlocksPerSm * current_sm_count() + heads_seqs - 1) / heads_seqs, 1, max_split_blocks(max_seq_len)));
