@@ -195,8 +195,10 @@ __device__ inline void unpack(float (&out)[N], const uint4& raw) {
 }
 
 // One block's part of the attention of the `group` (<= G) query heads of a kv head, so each key
-// and value is read once per group: splits blockIdx.x, + gridDim.x, ..., merged with a running
-// maximum and sum (online softmax) into one partial output per block.
+// and value is read once per group: splits blockIdx.z, + gridDim.z, ..., merged with a running
+// maximum and sum (online softmax) into one partial output per block. The split index is the
+// slowest grid dimension, so blocks are dispatched first splits first, and blocks that find no
+// split (max_seq_len far above the lengths) come after every block that has one.
 template <class T, int D, int G>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_kernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* block_table,
@@ -213,9 +215,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float* run_m = smem + G * (2 * D + kSplit + kDecodeWarps * D);  // [G] running maximum
   float* run_l = run_m + G;                                          // [G] running sum
   float* rescale = run_l + G;                                        // [G][2] old and new weights
-  const int seq = blockIdx.z, kvh = blockIdx.y;
+  const int kvh = blockIdx.x, seq = blockIdx.y, first = blockIdx.z, blocks = gridDim.z;
   const int len = seq_lens[seq];
-  if (static_cast<int>(blockIdx.x) * kSplit >= len) return;
+  if (first * kSplit >= len) return;
   const int q_heads = kv_heads * group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // This thread's row slot, and its columns: kChunks runs of kVec starting at col(c).
@@ -238,12 +240,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
   };
 
-  for (int split = blockIdx.x; split * kSplit < len; split += gridDim.x) {
+  for (int split = first; split * kSplit < len; split += blocks) {
     const int s0 = split * kSplit, n = min(len - s0, kSplit);
     uint4 k_raw[kStage][kChunks], v_raw[kStage][kChunks];
     load_stage(k_raw, k_cache, s0, n, 0);
     load_stage(v_raw, v_cache, s0, n, 0);
-    if (split == static_cast<int>(blockIdx.x)) {  // after the loads above, so q travels with them
+    if (split == first) {  // after the loads above, so q travels with them
       constexpr int kQPerThread = (G * D + kDecodeThreads - 1) / kDecodeThreads;
       float qv[kQPerThread];  // all requested before any is stored
 #pragma unroll
@@ -354,10 +356,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
   __syncthreads();
   const int64_t head0 = static_cast<int64_t>(seq) * q_heads + kvh * group;
   for (int idx = tid; idx < group * D; idx += kDecodeThreads)
-    part_o[((head0 + idx / D) * gridDim.x + blockIdx.x) * D + idx % D] = run_o[idx / D][idx % D];
+    part_o[((head0 + idx / D) * blocks + first) * D + idx % D] = run_o[idx / D][idx % D];
   if (tid < group) {
-    part_m[(head0 + tid) * gridDim.x + blockIdx.x] = run_m[tid];
-    part_l[(head0 + tid) * gridDim.x + blockIdx.x] = run_l[tid];
+    part_m[(head0 + tid) * blocks + first] = run_m[tid];
+    part_l[(head0 + tid) * blocks + first] = run_l[tid];
   }
 }
 
@@ -451,8 +453,8 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
   // One split per block where the workspace (one partial per block) allows, so a block's chain
   // is one split's round trip (LLaMA-2-7B at batch 16 and 256 positions: 4 blocks of 32 heads x
   // 16 sequences); but about kDecodeBlocksPerSm blocks per SM at most, since blocks past a
-  // sequence's end still cost a launch and a read of its length when max_seq_len is far above
-  // the lengths. Past that, blocks merge several splits.
+  // sequence's end (max_seq_len far above the lengths) still cost a launch and a read of its
+  // length, although after the others. Past that, blocks merge several splits.
   const int64_t heads_seqs = shape.kv_heads * num_seqs;
   const int blocks = static_cast<int>(std::clamp<int64_t>(
       (kDecodeBlocksPerSm * current_sm_count() + heads_seqs - 1) / heads_seqs, 1, max_split_blocks(max_seq_len)));
@@ -467,7 +469,7 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
         if constexpr (smem > 48 * 1024)
           GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-        decode_split_kernel<T, D, G><<<dim3(blocks, shape.kv_heads, num_seqs), kDecodeThreads, smem, stream>>>(
+        decode_split_kernel<T, D, G><<<dim3(shape.kv_heads, num_seqs, blocks), kDecodeThreads, smem, stream>>>(
             static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache),
             static_cast<const T*>(kv.v_cache), kv.block_table, kv.max_blocks_per_seq, static_cast<int>(kv.block_size),
             seq_lens, static_cast<int>(shape.kv_heads), group, shape.scale, part_o, part_m, part_l);
