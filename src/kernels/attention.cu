@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 }
 
-// ---- decode: one block per (split of kSplit positions, kv head, sequence) ----
+// ---- decode: one block per (kv head, sequence, split of kSplit positions) ----
 // Decode reads each cached key and value once, and one step reads little (LLaMA-2-7B at batch 1
 // and 200 positions: 3 MB a layer, under 1 us at HBM speed), so its time is memory latency
 // unless the loads are in flight together. Keys and values travel in 16-byte loads, kLanes
