@@ -1,13 +1,19 @@
 // gpulab bench decode: the linear layers of one LLaMA-2-7B decode step at 1, 8 and 16 rows,
 // kernels::skinny_gemm (norm / SwiGLU fused in) beside cuBLASLt with the kernels the unfused
 // path launches before it. Decode is bound by reading the weights, so each figure is weight
-// bytes per second, against the HBM copy ceiling.
+// bytes per second, against the HBM copy ceiling. Then paged decode attention (one layer,
+// LLaMA-2-7B and the GQA LLaMA-3-8B shape, batch 1 and 16, 256 and 2048 positions): time per
+// call, and K+V bytes read per second.
+#include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "bench/suite.h"
 #include "bench/timing.h"
 #include "blas/matmul.h"
+#include "core/dtype.h"
 #include "core/memory.h"
+#include "kernels/attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/silu_mul.h"
 #include "kernels/skinny_gemm.h"
@@ -38,6 +44,121 @@ std::vector<float> download(const void* p, DType dt, int64_t count) {
   std::vector<float> out(count);
   for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(core::load_as_double(bytes.data(), dt, i));
   return out;
+}
+
+struct DecodeAttention {
+  const char* name;
+  int64_t q_heads, kv_heads;
+};
+constexpr DecodeAttention kAttentions[] = {{"7b", 32, 32}, {"8b", 32, 8}};  // head_dim 128, bf16
+constexpr int64_t kAttentionBatches[] = {1, 16}, kAttentionContexts[] = {256, 2048};
+constexpr int64_t kHeadDim = 128, kPageSize = 16;  // the engine's default page
+
+// Sequence s owns pages s·pages .. (s+1)·pages - 1 of the cache, listed last page first so that
+// the kernel must follow the table.
+std::vector<int32_t> reversed_block_table(int64_t seqs, int64_t pages) {
+  std::vector<int32_t> table(seqs * pages);
+  for (int64_t i = 0; i < seqs * pages; ++i) table[i] = static_cast<int32_t>(seqs * pages - 1 - i);
+  return table;
+}
+
+template <class T>
+core::DeviceBuffer<T> upload(const std::vector<T>& host) {
+  core::DeviceBuffer<T> d(host.size());
+  GPULAB_CHECK(cudaMemcpy(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// attention_decode against attention_ref on sequences of 1, 100 and 300 positions (random bf16
+// keys, values and queries); throws on the first element off by more than bf16 rounding.
+void verify_decode_attention(const kernels::AttentionShape& shape, cudaStream_t stream) {
+  const std::vector<int32_t> lens = {1, 100, 300};
+  const int64_t seqs = 3, pages = (300 + kPageSize - 1) / kPageSize, qd = shape.q_heads * kHeadDim,
+                kvd = shape.kv_heads * kHeadDim;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-2.f, 2.f);
+  const auto random_bf16 = [&](int64_t n) {
+    std::vector<uint16_t> bits(n);
+    for (auto& b : bits) b = core::float_to_bf16_bits(dist(rng));
+    return bits;
+  };
+  const auto k = random_bf16(seqs * pages * kPageSize * kvd), v = random_bf16(k.size()), q = random_bf16(seqs * qd);
+  const auto table = reversed_block_table(seqs, pages);
+  auto d_k = upload(k), d_v = upload(v), d_q = upload(q);
+  auto d_table = upload(table), d_lens = upload(lens);
+  core::DeviceBuffer<uint16_t> out(seqs * qd);
+  core::DeviceBuffer<std::byte> ws(kernels::attention_decode_workspace(seqs, 300, shape));
+  kernels::attention_decode({out.get(), qd}, {d_q.get(), qd}, {d_k.get(), d_v.get(), d_table.get(), pages, kPageSize},
+                            d_lens.get(), seqs, 300, shape, ws.get(), DType::bf16, stream);
+  GPULAB_CHECK(cudaStreamSynchronize(stream));
+  const auto got = download(out.get(), DType::bf16, seqs * qd);
+  const auto floats = [](const std::vector<uint16_t>& bits, int64_t from, int64_t count) {
+    std::vector<float> f(count);
+    for (int64_t i = 0; i < count; ++i) f[i] = core::bf16_bits_to_float(bits[from + i]);
+    return f;
+  };
+  std::vector<float> want(seqs * qd);
+  for (int64_t s = 0; s < seqs; ++s) {
+    std::vector<float> ks(lens[s] * kvd), vs(lens[s] * kvd);
+    for (int64_t p = 0; p < lens[s]; ++p) {
+      const int64_t slot = table[s * pages + p / kPageSize] * kPageSize + p % kPageSize;
+      std::copy_n(floats(k, slot * kvd, kvd).begin(), kvd, ks.begin() + p * kvd);
+      std::copy_n(floats(v, slot * kvd, kvd).begin(), kvd, vs.begin() + p * kvd);
+    }
+    const auto qs = floats(q, s * qd, qd);
+    kernels::attention_ref(want.data() + s * qd, qd, qs.data(), qd, ks.data(), vs.data(), kvd, 1, lens[s] - 1, shape);
+  }
+  for (int64_t i = 0; i < seqs * qd; ++i)
+    if (!(std::abs(got[i] - want[i]) <= 1e-4f + 1e-2f * std::abs(want[i])))
+      throw core::Error("attention_decode and attention_ref disagree at element " + std::to_string(i) + ": " +
+                        std::to_string(got[i]) + " vs " + std::to_string(want[i]));
+}
+
+// One layer's decode attention per batch and context: microseconds per call, and K+V bytes
+// read per second against the HBM copy ceiling. Enough caches, used in turn, that each call
+// reads from HBM as a layer of a real model does.
+void run_attention_rows(Context& ctx, cudaStream_t stream, const TimingPlan& plan) {
+  for (const DecodeAttention& a : kAttentions) {
+    const kernels::AttentionShape shape{a.q_heads, a.kv_heads, kHeadDim, 1.0f / std::sqrt(float(kHeadDim))};
+    const int64_t qd = a.q_heads * kHeadDim, kvd = a.kv_heads * kHeadDim, q_stride = qd + 2 * kvd;
+    ctx.attempt(std::string("decode attention ") + a.name, [&] {
+      verify_decode_attention(shape, stream);
+      for (int64_t batch : kAttentionBatches)
+        for (int64_t context : kAttentionContexts) {
+          const int64_t pages = context / kPageSize, cache = batch * context * kvd;
+          const double kv_bytes = 2.0 * cache * 2;  // K and V, bf16
+          const int64_t copies =
+              std::max<int64_t>(2, static_cast<int64_t>(std::ceil(2 * ctx.device().l2_bytes / kv_bytes)));
+          core::DeviceBuffer<uint16_t> k(copies * cache), v(copies * cache), qkv(batch * q_stride), out(batch * qd);
+          for (auto* b : {&k, &v, &qkv})
+            GPULAB_CHECK(cudaMemsetAsync(b->get(), 0x3C, b->bytes(), stream));  // bf16 0x3C3C ≈ 0.0115
+          auto table = upload(reversed_block_table(batch, pages));
+          auto lens = upload(std::vector<int32_t>(batch, static_cast<int32_t>(context)));
+          core::DeviceBuffer<std::byte> ws(kernels::attention_decode_workspace(batch, context, shape));
+          int64_t turn = 0;
+          const auto call = [&] {
+            const int64_t at = (turn++ % copies) * cache;
+            kernels::attention_decode({out.get(), qd}, {qkv.get(), q_stride},
+                                      {k.get() + at, v.get() + at, table.get(), pages, kPageSize}, lens.get(), batch,
+                                      context, shape, ws.get(), DType::bf16, stream);
+          };
+          std::vector<double> us, gbps;
+          for (double ms : time_on_stream(stream, call, plan)) {
+            us.push_back(ms * 1e3);
+            gbps.push_back(per_second_1e9(kv_bytes, ms));
+          }
+          const nlohmann::json params = {{"q_heads", a.q_heads}, {"kv_heads", a.kv_heads}, {"head_dim", kHeadDim},
+                                         {"batch", batch},       {"context", context},   {"kv_bytes", kv_bytes},
+                                         {"page_size", kPageSize}};
+          const std::string name = std::string("attention_") + a.name + "_b" + std::to_string(batch) + "_ctx" +
+                                   std::to_string(context);
+          ctx.add(make_row("decode", name + "_time", "latency", "us", summarize(us), std::nullopt, params));
+          Row row = make_row("decode", name, "bandwidth", "GB/s", summarize(gbps), ctx.datasheet().memory_gbps, params);
+          row.ceiling = ctx.ceiling("hbm_copy");
+          ctx.add(row);
+        }
+    });
+  }
 }
 
 }  // namespace
@@ -112,8 +233,11 @@ void run_decode_suite(Context& ctx) {
       }
     });
   }
-  ctx.note("weight bytes per second; cublaslt_* includes the rmsnorm / silu_mul launch the unfused path needs");
-  ctx.finish("decode GEMMs of LLaMA-2-7B (bf16)");
+  run_attention_rows(ctx, stream, plan);
+  ctx.note("GEMMs: weight bytes per second; cublaslt_* includes the rmsnorm / silu_mul launch the unfused path needs");
+  ctx.note("attention_*: one layer, head_dim 128, pages of 16; 7b = 32/32 heads, 8b = 32 query / 8 kv heads; "
+           "GB/s of K+V read (batch x context x kv_heads x 128 x 2 x 2 B)");
+  ctx.finish("decode GEMMs of LLaMA-2-7B and decode attention (bf16)");
 }
 
 }  // namespace gpulab::bench

@@ -130,14 +130,24 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 }
 
-// ---- decode: one block per (split of kSplit positions, kv head, sequence) ----
-// Decode reads each cached key and value once, so it is bound by memory latency and bandwidth:
-// keys and values travel in 16-byte loads, kLanes threads per row, several rows in flight per
-// warp, and short splits so that even one short sequence spreads over many SMs.
+// ---- decode: one block per (kv head, sequence, split of kSplit positions) ----
+// Decode reads each cached key and value once, and one step reads little (LLaMA-2-7B at batch 1
+// and 200 positions: 3 MB a layer, under 1 us at HBM speed), so its time is memory latency
+// unless the loads are in flight together. Keys and values travel in 16-byte loads, kLanes
+// threads per row, kRows rows per pass; a thread requests every row of its split, keys and
+// values (which do not depend on the softmax), before it waits on any, so a split costs one
+// memory round trip after the block table's, not one per pass. Splits are short so that even
+// one short sequence spreads over many SMs: 64 positions are 32 KB of keys and values at head
+// dim 128, 16 vectors a thread, whole in registers up to group 8. A shorter split would spread
+// batch 1 over more SMs but double the partials the combine reads; a longer one would not fit.
 
 constexpr int kSplit = 64, kDecodeThreads = 128, kDecodeWarps = kDecodeThreads / 32;
 constexpr int kMaxGroup = 16;        // query heads per kv head that one block serves
 constexpr int kMaxSplitBlocks = 64;  // blocks per (kv head, sequence); each merges several splits
+constexpr int kDecodeBlocksPerSm = 16;  // bound on the grid, in blocks per SM (a few waves)
+// Registers a thread gives to raw keys and values in flight plus its accumulators. ptxas needs
+// up to about 100 more (addresses, q, sums): at 152 no instantiation spills (at 160 one did).
+constexpr int kDecodeRegBudget = 152;
 
 int64_t max_split_blocks(int64_t max_seq_len) {
   return std::min<int64_t>((max_seq_len + kSplit - 1) / kSplit, kMaxSplitBlocks);
@@ -150,34 +160,53 @@ int current_sm_count() {
   return sms;
 }
 
-template <class T, int D>
+// The most of `passes` (halving) whose keys and values (regs_per_pass each) fit in the budget
+// beside acc_regs accumulators.
+constexpr int passes_in_flight(int passes, int regs_per_pass, int acc_regs) {
+  while (passes > 1 && passes * regs_per_pass + acc_regs > kDecodeRegBudget) passes /= 2;
+  return passes;
+}
+
+template <class T, int D, int G>
 struct DecodeTile {
   static constexpr int kVec = 16 / sizeof(T);                  // elements per 16-byte load
   static constexpr int kLanes = D / kVec < 32 ? D / kVec : 32;  // threads per key or value row
   static constexpr int kChunks = D / (kVec * kLanes);          // 16-byte loads per thread and row
-  static constexpr int kRows = kDecodeThreads / kLanes;        // rows in flight per pass
+  static constexpr int kRows = kDecodeThreads / kLanes;        // rows per pass
+  static constexpr int kPasses = kSplit / kRows;               // a thread's rows in one split
+  // Passes loaded at once (a stage): the whole split where its keys and values (4 registers per
+  // 16-byte vector) fit beside the G·kChunks·kVec accumulators, else halves, quarters...
+  static constexpr int kStage = passes_in_flight(kPasses, 2 * kChunks * 4, G * kChunks * kVec);
+  static constexpr int kStages = kPasses / kStage;
   static_assert(kChunks * kVec * kLanes == D, "whole 16-byte loads per row");
+  static_assert(kPasses * kRows == kSplit && kStages * kStage == kPasses, "whole passes per split and stage");
 };
 
+static_assert(DecodeTile<__nv_bfloat16, 128, 8>::kStages == 1 && DecodeTile<__half, 128, 8>::kStages == 1,
+              "LLaMA shapes (head dim 128, groups up to 8) load a whole split at once");
+
+// The N elements of a raw 16-byte vector, as floats.
 template <class T, int N>
-__device__ inline void load_vec(float (&out)[N], const T* p) {
-  static_assert(N * sizeof(T) == 16, "one 16-byte load");
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+__device__ inline void unpack(float (&out)[N], const uint4& raw) {
+  static_assert(N * sizeof(T) == 16, "one 16-byte vector");
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = static_cast<float>(e[i]);
 }
 
 // One block's part of the attention of the `group` (<= G) query heads of a kv head, so each key
-// and value is read once per group: splits blockIdx.x, + gridDim.x, ..., merged with a running
-// maximum and sum (online softmax) into one partial output per block.
+// and value is read once per group: splits blockIdx.z, + gridDim.z, ..., merged with a running
+// maximum and sum (online softmax) into one partial output per block. The split index is the
+// slowest grid dimension, so blocks are dispatched first splits first, and blocks that find no
+// split (max_seq_len far above the lengths) come after every block that has one.
 template <class T, int D, int G>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_kernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* block_table,
                         int64_t max_blocks, int block_size, const int32_t* seq_lens, int kv_heads, int group,
                         float scale, float* part_o, float* part_m, float* part_l) {
-  using Tile = DecodeTile<T, D>;
+  using Tile = DecodeTile<T, D, G>;
   constexpr int kVec = Tile::kVec, kLanes = Tile::kLanes, kChunks = Tile::kChunks, kRows = Tile::kRows;
+  constexpr int kStage = Tile::kStage, kStages = Tile::kStages;
   extern __shared__ float smem[];
   auto qs = reinterpret_cast<float(*)[D]>(smem);                         // [G][D] pre-scaled queries
   auto scores = reinterpret_cast<float(*)[kSplit]>(smem + G * D);        // [G][kSplit], then probabilities
@@ -186,47 +215,75 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float* run_m = smem + G * (2 * D + kSplit + kDecodeWarps * D);  // [G] running maximum
   float* run_l = run_m + G;                                          // [G] running sum
   float* rescale = run_l + G;                                        // [G][2] old and new weights
-  const int seq = blockIdx.z, kvh = blockIdx.y;
+  const int kvh = blockIdx.x, seq = blockIdx.y, first = blockIdx.z, blocks = gridDim.z;
   const int len = seq_lens[seq];
-  if (static_cast<int>(blockIdx.x) * kSplit >= len) return;
+  if (first * kSplit >= len) return;
   const int q_heads = kv_heads * group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // This thread's row slot, and its columns: kChunks runs of kVec starting at col(c).
   const int row = tid / kLanes, lane_in_row = tid % kLanes;
   auto col = [&](int c) { return (lane_in_row + c * kLanes) * kVec; };
   const int32_t* table = block_table + seq * max_blocks;
-  auto slot_of = [&](int pos) { return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size; };
-
-  for (int idx = tid; idx < group * D; idx += kDecodeThreads) {
-    qs[idx / D][idx % D] = static_cast<float>(q[seq * q_stride + (kvh * group) * D + idx]) * scale;
-    run_o[idx / D][idx % D] = 0.f;
-  }
-  if (tid < group) run_m[tid] = -INFINITY, run_l[tid] = 0.f;
-
-  for (int split = blockIdx.x; split * kSplit < len; split += gridDim.x) {
-    const int s0 = split * kSplit, n = min(len - s0, kSplit);
-    __syncthreads();  // q is loaded; the previous split's scores and partials are consumed
-
-    // Every lane of a warp runs every pass (the shuffles need them all): rows past n load nothing.
-    for (int j0 = 0; j0 < n; j0 += kRows) {
-      const int j = j0 + row;
-      float kv[kChunks][kVec] = {};
-      if (j < n) {
-        const T* kp = k_cache + (slot_of(s0 + j) * kv_heads + kvh) * D;
+  // Row j of a split is pass j / kRows of thread row j % kRows.
+  auto row_of = [&](int stage, int p) { return (stage * kStage + p) * kRows + row; };
+  // Requests this thread's keys or values of one stage of the split at s0 (n rows). Rows past n
+  // read row n - 1 again (already on its way, and never used): without a branch per row, every
+  // load of the stage issues before the first one is waited on.
+  auto load_stage = [&](uint4 (&raw)[kStage][kChunks], const T* cache, int s0, int n, int stage) {
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) load_vec(kv[c], kp + col(c));
+    for (int p = 0; p < kStage; ++p) {
+      const int pos = s0 + min(row_of(stage, p), n - 1);
+      const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      const T* at = cache + (slot * kv_heads + kvh) * D;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) raw[p][c] = *reinterpret_cast<const uint4*>(at + col(c));
+    }
+  };
+
+  for (int split = first; split * kSplit < len; split += blocks) {
+    const int s0 = split * kSplit, n = min(len - s0, kSplit);
+    uint4 k_raw[kStage][kChunks], v_raw[kStage][kChunks];
+    load_stage(k_raw, k_cache, s0, n, 0);
+    load_stage(v_raw, v_cache, s0, n, 0);
+    if (split == first) {  // after the loads above, so q travels with them
+      constexpr int kQPerThread = (G * D + kDecodeThreads - 1) / kDecodeThreads;
+      float qv[kQPerThread];  // all requested before any is stored
+#pragma unroll
+      for (int i = 0; i < kQPerThread; ++i) {
+        const int idx = tid + i * kDecodeThreads;
+        qv[i] = idx < group * D ? static_cast<float>(q[seq * q_stride + (kvh * group) * D + idx]) : 0.f;
       }
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        if (g >= group) break;
-        float dot = 0.f;
+      for (int i = 0; i < kQPerThread; ++i) {
+        const int idx = tid + i * kDecodeThreads;
+        if (idx < group * D) qs[idx / D][idx % D] = qv[i] * scale, run_o[idx / D][idx % D] = 0.f;
+      }
+      if (tid < group) run_m[tid] = -INFINITY, run_l[tid] = 0.f;
+    }
+    __syncthreads();  // q is loaded; the previous split's scores and partials are consumed
+
+    // Scores: every lane of a warp runs every pass (the shuffles need them all).
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c)
+    for (int st = 0; st < kStages; ++st) {
+      if (st > 0) load_stage(k_raw, k_cache, s0, n, st);
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) dot += qs[g][col(c) + e] * kv[c][e];
+      for (int p = 0; p < kStage; ++p) {
+        const int j = row_of(st, p);
+        float kv[kChunks][kVec];
 #pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (lane_in_row == 0 && j < n) scores[g][j] = dot;
+        for (int c = 0; c < kChunks; ++c) unpack<T>(kv[c], k_raw[p][c]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          if (g >= group) break;
+          float dot = 0.f;
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) dot += qs[g][col(c) + e] * kv[c][e];
+#pragma unroll
+          for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+          if (lane_in_row == 0 && j < n) scores[g][j] = dot;
+        }
       }
     }
     __syncthreads();
@@ -253,19 +310,25 @@ __global__ void __launch_bounds__(kDecodeThreads)
     __syncthreads();
 
     float acc[G][kChunks][kVec] = {};
-    for (int j = row; j < n; j += kRows) {
-      const T* vp = v_cache + (slot_of(s0 + j) * kv_heads + kvh) * D;
-      float vv[kChunks][kVec];
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) load_vec(vv[c], vp + col(c));
+    for (int st = 0; st < kStages; ++st) {
+      if (st > 0) load_stage(v_raw, v_cache, s0, n, st);
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        if (g >= group) break;
-        const float p = scores[g][j];
+      for (int p = 0; p < kStage; ++p) {
+        const int j = row_of(st, p);
+        if (j >= n) break;  // rows grow with p; past n, the values are row n - 1's and scores stale
+        float vv[kChunks][kVec];
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c)
+        for (int c = 0; c < kChunks; ++c) unpack<T>(vv[c], v_raw[p][c]);
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) acc[g][c][e] += p * vv[c][e];
+        for (int g = 0; g < G; ++g) {
+          if (g >= group) break;
+          const float w = scores[g][j];
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) acc[g][c][e] += w * vv[c][e];
+        }
       }
     }
     // Sum the rows of a warp by shuffles, then the warps through shared memory.
@@ -293,10 +356,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
   __syncthreads();
   const int64_t head0 = static_cast<int64_t>(seq) * q_heads + kvh * group;
   for (int idx = tid; idx < group * D; idx += kDecodeThreads)
-    part_o[((head0 + idx / D) * gridDim.x + blockIdx.x) * D + idx % D] = run_o[idx / D][idx % D];
+    part_o[((head0 + idx / D) * blocks + first) * D + idx % D] = run_o[idx / D][idx % D];
   if (tid < group) {
-    part_m[(head0 + tid) * gridDim.x + blockIdx.x] = run_m[tid];
-    part_l[(head0 + tid) * gridDim.x + blockIdx.x] = run_l[tid];
+    part_m[(head0 + tid) * blocks + first] = run_m[tid];
+    part_l[(head0 + tid) * blocks + first] = run_l[tid];
   }
 }
 
@@ -312,22 +375,26 @@ void dispatch_group(int group, F&& f) {
                     std::to_string(kMaxGroup) + ")");
 }
 
-// Combines the blocks' partial outputs of one (head, sequence) with their maxima and sums.
+// Combines the blocks' partial outputs of one (head, sequence) with their maxima and sums in one
+// pass (a running maximum, as within a block), so that the loads of several partials are in
+// flight together rather than three rounds of them. Thread i owns output element i.
 template <class T, int D>
-__global__ void decode_combine_kernel(T* out, int64_t out_stride, const int32_t* seq_lens, int q_heads, int blocks,
-                                      const float* part_o, const float* part_m, const float* part_l) {
-  const int h = blockIdx.x, seq = blockIdx.y;
+__global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_stride, const int32_t* seq_lens,
+                                                           int q_heads, int blocks, const float* part_o,
+                                                           const float* part_m, const float* part_l) {
+  const int h = blockIdx.x, seq = blockIdx.y, i = threadIdx.x;
   const int used = min(blocks, (seq_lens[seq] + kSplit - 1) / kSplit);  // blocks that had a split
   const int64_t base = (static_cast<int64_t>(seq) * q_heads + h) * blocks;
-  float mx = -INFINITY;
-  for (int s = 0; s < used; ++s) mx = fmaxf(mx, part_m[base + s]);
-  float total = 0.f;
-  for (int s = 0; s < used; ++s) total += part_l[base + s] * expf(part_m[base + s] - mx);
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < used; ++s) acc += part_o[(base + s) * D + i] * expf(part_m[base + s] - mx);
-    out[seq * out_stride + h * D + i] = static_cast<T>(used ? acc / total : 0.f);
+  float mx = -INFINITY, total = 0.f, acc = 0.f;
+#pragma unroll 4
+  for (int s = 0; s < used; ++s) {
+    const float m = part_m[base + s], l = part_l[base + s], o = part_o[(base + s) * D + i];
+    const float m_new = fmaxf(mx, m), old_weight = expf(mx - m_new), weight = expf(m - m_new);
+    total = total * old_weight + l * weight;
+    acc = acc * old_weight + o * weight;
+    mx = m_new;
   }
+  out[seq * out_stride + h * D + i] = static_cast<T>(used ? acc / total : 0.f);
 }
 
 template <class T>
@@ -383,11 +450,14 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
   check_shape(shape);
   if (num_seqs == 0) return;
   const int group = static_cast<int>(shape.q_heads / shape.kv_heads);
-  // Enough blocks to cover the SMs a few times over, each merging several splits when the
-  // sequences are long; the workspace holds one partial per block.
+  // One split per block where the workspace (one partial per block) allows, so a block's chain
+  // is one split's round trip (LLaMA-2-7B at batch 16 and 256 positions: 4 blocks of 32 heads x
+  // 16 sequences); but about kDecodeBlocksPerSm blocks per SM at most, since blocks past a
+  // sequence's end (max_seq_len far above the lengths) still cost a launch and a read of its
+  // length, although after the others. Past that, blocks merge several splits.
   const int64_t heads_seqs = shape.kv_heads * num_seqs;
-  const int blocks = static_cast<int>(
-      std::clamp<int64_t>((4 * current_sm_count() + heads_seqs - 1) / heads_seqs, 1, max_split_blocks(max_seq_len)));
+  const int blocks = static_cast<int>(std::clamp<int64_t>(
+      (kDecodeBlocksPerSm * current_sm_count() + heads_seqs - 1) / heads_seqs, 1, max_split_blocks(max_seq_len)));
   const int64_t partials = num_seqs * shape.q_heads * blocks;
   float* part_o = static_cast<float*>(workspace);
   float* part_m = part_o + partials * shape.head_dim;
@@ -399,7 +469,7 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
         if constexpr (smem > 48 * 1024)
           GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-        decode_split_kernel<T, D, G><<<dim3(blocks, shape.kv_heads, num_seqs), kDecodeThreads, smem, stream>>>(
+        decode_split_kernel<T, D, G><<<dim3(shape.kv_heads, num_seqs, blocks), kDecodeThreads, smem, stream>>>(
             static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache),
             static_cast<const T*>(kv.v_cache), kv.block_table, kv.max_blocks_per_seq, static_cast<int>(kv.block_size),
             seq_lens, static_cast<int>(shape.kv_heads), group, shape.scale, part_o, part_m, part_l);

@@ -61,7 +61,14 @@ TEST(SuitesGpu, LatencyLevelsAreOrdered) {
 TEST(SuitesGpu, Transfer) { GPULAB_REQUIRE_GPU(); expect_sane("transfer", 15); }
 TEST(SuitesGpu, Launch) { GPULAB_REQUIRE_GPU(); expect_sane("launch", 4); }
 TEST(SuitesGpu, Gemm) { GPULAB_REQUIRE_GPU(); expect_sane("gemm", 15); }
-TEST(SuitesGpu, Decode) { GPULAB_REQUIRE_GPU(); expect_sane("decode", 24); }
+// 24 GEMM rows, then decode attention: 2 shapes x 2 batches x 2 contexts, in us and in GB/s.
+TEST(SuitesGpu, Decode) {
+  GPULAB_REQUIRE_GPU();
+  const nlohmann::json results = expect_sane("decode", 40);
+  int attention_rows = 0;
+  for (const auto& r : results) attention_rows += r["name"].get<std::string>().rfind("attention_", 0) == 0;
+  EXPECT_EQ(attention_rows, 16);
+}
 TEST(SuitesGpu, UnifiedMemory) { GPULAB_REQUIRE_GPU(); expect_sane("um", 0); }
 TEST(SuitesGpu, P2p) { GPULAB_REQUIRE_GPU(); expect_sane("p2p", 0); }
 // Every plain all-reduce row has its symmetric-memory twin of the same size (their #wrong, as every

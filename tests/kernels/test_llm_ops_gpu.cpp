@@ -195,6 +195,25 @@ std::string case_label(const char* what, const AttentionCase& c, DType dt) {
          std::to_string(c.kv_heads) + " " + dtype_label(dt);
 }
 
+// Checks `rows` output rows of `width` elements at `stride` apart: every element against want
+// (unrounded, rounded here through dt) and the padding past width still poisoned.
+void expect_rows_close(const std::vector<float>& got, const std::vector<float>& want, int64_t rows, int64_t width,
+                       int64_t stride, DType dt, float atol, const std::string& what) {
+  std::vector<float> got_rows, want_rows;
+  int64_t padding_written = 0;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < stride; ++i) {
+      if (i < width) {
+        got_rows.push_back(got[t * stride + i]);
+        want_rows.push_back(round_to(want[t * stride + i], dt));
+      } else {
+        padding_written += !std::isnan(got[t * stride + i]);
+      }
+    }
+  EXPECT_EQ(padding_written, 0) << what << ": output padding written";
+  expect_close(got_rows, want_rows, atol, rtol_for(dt), what);
+}
+
 using PrefillFn = decltype(&attention_prefill);
 
 // Prefill chunks as (query rows, cached length including them): whole prompts of 1, 17, 1100 and
@@ -235,19 +254,7 @@ void check_prefill(PrefillFn prefill, const AttentionCase& c, DType dt, int64_t 
     attention_ref(want.data() + cu[s] * out_stride, out_stride, q.host.data() + cu[s] * q_stride, q_stride, k.data(),
                   v.data(), kvd, q_lens[s], kv_lens[s] - q_lens[s], shape, 8);
   }
-  std::vector<float> got = out.download(), got_rows, want_rows;
-  int64_t padding_written = 0;
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t i = 0; i < out_stride; ++i) {
-      if (i < qd) {
-        got_rows.push_back(got[t * out_stride + i]);
-        want_rows.push_back(round_to(want[t * out_stride + i], dt));
-      } else {
-        padding_written += !std::isnan(got[t * out_stride + i]);
-      }
-    }
-  EXPECT_EQ(padding_written, 0) << what << ": output padding written";
-  expect_close(got_rows, want_rows, atol, rtol_for(dt), what);
+  expect_rows_close(out.download(), want, tokens, qd, out_stride, dt, atol, what);
 }
 
 // The tensor-core path rounds each softmax weight p to dt before P·V (relative error <= u) while
@@ -319,37 +326,72 @@ TEST(KernelsLlmGpu, PrefillAttentionTensorCoresVsScalarTiming) {
   expect_close(fast, scalar, tensor_core_atol(dt) + 2e-3f, rtol_for(dt), "tensor cores vs scalar, 2048 tokens");
 }
 
+// One decode query per sequence over a randomly paged cache (queries inside fused QKV rows, a
+// padded output, a poisoned workspace), every output element against attention_ref. The kernel
+// computes in fp32 from the same rounded inputs as the reference, so beyond the output's one
+// rounding (rtol) only fp32 reordering noise is left: atol is the f32 one for every dtype.
+void check_decode(const AttentionCase& c, DType dt, const std::vector<int32_t>& lens, int64_t max_len,
+                  int64_t block_size, std::mt19937& rng) {
+  const int64_t num_seqs = lens.size();
+  const PagedCache pages(lens, block_size, rng);
+  auto d_lens = upload_ints(lens);
+  const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+  const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  const int64_t q_stride = qd + 2 * kvd, out_stride = qd + 8;
+  DeviceTensor k_cache(uniform(pages.total_blocks * block_size * kvd, rng, -2, 2), dt);
+  DeviceTensor v_cache(uniform(pages.total_blocks * block_size * kvd, rng, -2, 2), dt);
+  DeviceTensor q(uniform(num_seqs * q_stride, rng, -2, 2), dt);
+  auto out = DeviceTensor::poisoned(num_seqs * out_stride, dt);
+  core::DeviceBuffer<std::byte> ws(attention_decode_workspace(num_seqs, max_len, shape));
+  GPULAB_CHECK(cudaMemset(ws.get(), 0xFF, ws.bytes()));
+  const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, block_size};
+  attention_decode({out.get(), out_stride}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(),
+                   dt, nullptr);
+  std::vector<float> want(num_seqs * out_stride);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const auto k = pages.gather(k_cache.host, s, lens[s], kvd), v = pages.gather(v_cache.host, s, lens[s], kvd);
+    attention_ref(want.data() + s * out_stride, out_stride, q.host.data() + s * q_stride, q_stride, k.data(),
+                  v.data(), kvd, 1, lens[s] - 1, shape, 8);
+  }
+  expect_rows_close(out.download(), want, num_seqs, qd, out_stride, dt, 2e-5f,
+                    case_label("decode", c, dt) + " pages of " + std::to_string(block_size) + " max_len " +
+                        std::to_string(max_len));
+}
+
+// Head dims 32..256 and GQA groups 1, 2, 3, 4, 8, 12, 16 (3 and 12 run in the kernels for 4 and
+// 16 with heads left over), among them the LLaMA-2-7B (32/32 x 128) and LLaMA-3-8B (32/8 x 128)
+// shapes and every instantiation that loads a split in several stages to spare registers
+// (16-bit: d 64 and 128 at group 16, d 256 at groups 4..16; f32: d 128 at 8 and 16, d 256).
+constexpr AttentionCase kDecodeCases[] = {{32, 4, 2},   {64, 8, 8},   {128, 32, 8}, {128, 64, 8}, {256, 4, 1},
+                                          {128, 32, 32}, {128, 32, 2}, {64, 32, 2},  {32, 48, 3}, {256, 32, 2},
+                                          {128, 12, 4},  {64, 24, 2},  {256, 8, 4},  {256, 16, 2}};
+
+// Lengths 1 and 3 are fewer rows than one pass of any head dim; 64 one whole split; 65 a whole
+// split and one of a single row; 127 and 700 partial last splits; 5000 is 79 splits, more than
+// the 64 blocks a (kv head, sequence) gets at most, so blocks merge several splits.
+const std::vector<int32_t> kDecodeLens = {1, 3, 64, 65, 127, 700, 5000};
+
 TEST(KernelsLlmGpu, DecodeAttentionOverShuffledPages) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(17);
-  // 5000 positions are 20 splits: more than the blocks per (kv head, sequence), so blocks loop.
-  const std::vector<int32_t> lens = {1, 255, 256, 700, 33, 5000};
-  const int64_t num_seqs = lens.size(), max_len = 5000;
-  const PagedCache pages(lens, 16, rng);
-  auto d_lens = upload_ints(lens);
-  for (const AttentionCase& c : kAttentionCases)
-    for (DType dt : {DType::bf16, DType::f32}) {
-      const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-      const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
-      DeviceTensor k_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
-      DeviceTensor v_cache(uniform(pages.total_blocks * 16 * kvd, rng, -2, 2), dt);
-      const int64_t q_stride = qd + 2 * kvd;  // queries inside a fused QKV row
-      DeviceTensor q(uniform(num_seqs * q_stride, rng, -2, 2), dt);
-      auto out = DeviceTensor::poisoned(num_seqs * qd, dt);
-      core::DeviceBuffer<std::byte> ws(attention_decode_workspace(num_seqs, max_len, shape));
-      GPULAB_CHECK(cudaMemset(ws.get(), 0xFF, ws.bytes()));
-      const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, 16};
-      attention_decode({out.get(), qd}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(), dt,
-                       nullptr);
-      std::vector<float> want(num_seqs * qd);
-      for (int64_t s = 0; s < num_seqs; ++s) {
-        const auto k = pages.gather(k_cache.host, s, lens[s], kvd), v = pages.gather(v_cache.host, s, lens[s], kvd);
-        attention_ref(want.data() + s * qd, qd, q.host.data() + s * q_stride, q_stride, k.data(), v.data(), kvd, 1,
-                      lens[s] - 1, shape, 4);
-      }
-      expect_close(out.download(), round_all(want, dt), dt == DType::f32 ? 2e-5f : 2e-3f, rtol_for(dt),
-                   case_label("decode", c, dt));
-    }
+  for (const AttentionCase& c : kDecodeCases)
+    for (DType dt : kActivationTypes) check_decode(c, dt, kDecodeLens, 5000, 16, rng);
+}
+
+// Pages that do not divide the 64-position split (7, 24) or hold more than one (128), so a split
+// reads rows of several pages or part of one; and max_len far above every length, as the engine
+// passes it, so many blocks find no split of their sequence (and most splits have a block each).
+TEST(KernelsLlmGpu, DecodeAttentionPageSizesAndSpareBlocks) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(20);
+  const std::vector<int32_t> lens = {1, 3, 17, 64, 65, 200, 640};
+  for (int64_t block_size : {7, 24, 128})
+    for (const AttentionCase& c : {AttentionCase{128, 32, 32}, AttentionCase{128, 32, 8}, AttentionCase{64, 24, 2},
+                                   AttentionCase{256, 4, 1}, AttentionCase{32, 4, 2}})
+      for (DType dt : {DType::bf16, DType::f16}) check_decode(c, dt, lens, 8192, block_size, rng);
+  // Blocks that merge several splits, over pages that straddle them.
+  for (const AttentionCase& c : {AttentionCase{128, 32, 8}, AttentionCase{128, 32, 2}})
+    check_decode(c, DType::bf16, kDecodeLens, 5000, 24, rng);
 }
 
 TEST(KernelsLlmGpu, KvCacheWriteScattersToSlots) {
