@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "kernels/ref_parallel.h"
 
 namespace gpulab::llm {
 
@@ -55,13 +56,15 @@ size_t incomplete_tail(const std::string& text) {
 }  // namespace
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, SchedulerOptions options)
-    : engine_(engine), tokenizer_(&tokenizer), options_(options) {
-  options_.max_batch = std::min(options_.max_batch, engine.max_batch());
+    : Scheduler(engine, options) {
+  tokenizer_ = &tokenizer;
 }
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
     : engine_(engine), tokenizer_(nullptr), options_(options) {
   options_.max_batch = std::min(options_.max_batch, engine.max_batch());
+  if (options_.sampling_threads <= 0)
+    options_.sampling_threads = std::clamp(int(std::thread::hardware_concurrency()) / 2, 1, 8);
 }
 
 Scheduler::~Scheduler() {
@@ -162,14 +165,35 @@ bool Scheduler::step_once() {
 
   std::lock_guard lock(mutex_);
   ++metrics_.steps;
-  const auto& eos = engine_.config().eos_token_ids;
+  // The rows that have their next token now (a prompt fed whole), sampled first: a row sampled
+  // with a temperature weighs the whole vocabulary (~0.1 ms for 32k entries), so several such
+  // rows are sampled on several threads; greedy rows (~10 us) stay on this one.
+  std::vector<size_t> sampled;
+  size_t weighed = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     Active& a = *batch[i];
     if (a.prefilling()) {
       a.prompt_fed += static_cast<int64_t>(chunks[i].size());
       if (a.prefilling()) continue;  // more prompt to feed: no token yet
     }
-    const int32_t token = a.sampler.sample(std::span<const float>(logits).subspan(i * vocab, vocab));
+    sampled.push_back(i);
+    weighed += a.request.sampling.temperature > 0.f && a.request.sampling.top_k != 1;
+  }
+  std::vector<int32_t> tokens(batch.size());
+  const auto sample_rows = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const size_t i = sampled[size_t(r)];
+      tokens[i] = batch[i]->sampler.sample(std::span<const float>(logits).subspan(i * vocab, vocab));
+    }
+  };
+  constexpr size_t kRowsPerThread = 4;  // below this a thread's start costs more than it saves
+  kernels::parallel_for(int64_t(sampled.size()), std::min(options_.sampling_threads, int(weighed / kRowsPerThread)),
+                        sample_rows);
+
+  const auto& eos = engine_.config().eos_token_ids;
+  for (const size_t i : sampled) {
+    Active& a = *batch[i];
+    const int32_t token = tokens[i];
     a.generated.push_back(token);
     ++metrics_.generated_tokens_total;
     if (a.generated.size() == 1) a.result.ttft_ms = ms_since(a.submitted);

@@ -49,6 +49,7 @@ struct GenerationRequest {
 struct SchedulerOptions {
   int64_t max_batch = 64;        // capped by the engine's
   int64_t prefill_chunk = 512;   // prompt tokens a sequence feeds per step
+  int sampling_threads = 0;      // most threads sampling a step's rows; 0: half the cores, at most 8
 };
 
 struct SchedulerMetrics {
