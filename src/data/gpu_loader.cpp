@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "data/file_arena.h"
 #include "data/gpu_augment.h"
 #include "data/jpeg.h"
 #include "data/parallel.h"
@@ -22,15 +25,23 @@ int checked_device() {
   GPULAB_CHECK(cudaGetDevice(&device));
   return device;
 }
+
+// GPULAB_NVJPEG_PINNED=0 reads files into pageable memory, as gpulab did before: an A/B of
+// nvJPEG's bitstream uploads (pageable: synchronous, through the driver's staging buffers).
+bool pinned_files() {
+  const char* env = std::getenv("GPULAB_NVJPEG_PINNED");
+  return !env || std::strcmp(env, "0");
+}
 }  // namespace
 
 struct GpuLoader::Slot {
+  explicit Slot(bool pinned) : files(pinned) {}
   core::DeviceBuffer<std::byte> images;
   core::DeviceBuffer<int32_t> labels;
   core::DeviceBuffer<ResizeJob> jobs;
   core::PinnedBuffer<int32_t> host_labels;
   core::PinnedBuffer<ResizeJob> host_jobs;
-  std::vector<std::vector<uint8_t>> bytes;  // the files, read by the decoder until `ready`
+  FileArena files;  // the batch's files, read by the decoder (nvJPEG's uploads) until `ready`
   // Decoded images, read by the resize kernel until `ready`. One per slot, so a decoder whose
   // writes might not follow stream order (the JPEG engines) never races the previous batch.
   core::DeviceBuffer<uint8_t> decoded;
@@ -52,16 +63,16 @@ GpuLoader::GpuLoader(ImageFolder folder, GpuLoaderOptions opt)
   consumed_ = opt_.first_batch;  // batch contents depend on the seed and their number only
   built_ = opt_.first_batch;
   decoder_ = make_batch_decoder(opt_.decode, opt_.threads);
-  decoder_name_ = decoder_->name();
+  const bool pinned = pinned_files();
+  decoder_name_ = decoder_->name() + (pinned ? "" : " (files in pageable memory: GPULAB_NVJPEG_PINNED=0)");
   const size_t image_elems = size_t(opt_.augment.size) * opt_.augment.size * 3;
   for (int s = 0; s < opt_.prefetch + 1; ++s) {
-    auto slot = std::make_unique<Slot>();
+    auto slot = std::make_unique<Slot>(pinned);
     slot->images = core::DeviceBuffer<std::byte>(image_elems * core::dtype_size(opt_.augment.out) * opt_.batch);
     slot->labels = core::DeviceBuffer<int32_t>(size_t(opt_.batch));
     slot->jobs = core::DeviceBuffer<ResizeJob>(size_t(opt_.batch));
     slot->host_labels = core::PinnedBuffer<int32_t>(size_t(opt_.batch));
     slot->host_jobs = core::PinnedBuffer<ResizeJob>(size_t(opt_.batch));
-    slot->bytes.resize(size_t(opt_.batch));
     slot->batch.images = slot->images.get();
     slot->batch.labels = slot->labels.get();
     slots_.push_back(std::move(slot));
@@ -112,33 +123,73 @@ void GpuLoader::build(int64_t b, Slot& slot) {
   std::vector<int64_t> skip(count, 0);  // files of the order skipped for each slot so far
   std::vector<JpegSize> size(count);
   std::vector<const Sample*> sample(count);
-  auto mark_corrupt = [&](const Sample& s) {
-    std::lock_guard lock(mutex_);
-    corrupt_.insert(s.path.string());
+  std::vector<size_t> file_at(count), file_bytes(count);  // each slot's file in slot.files (offsets: it may grow)
+  auto candidate = [&](size_t i) -> const Sample& {
+    return folder_.samples[size_t(order_[size_t((first + int64_t(i) + skip[i]) % n)])];
   };
-  // Reads slot i's next candidate whose header is sound, as the CPU loader's decode would accept.
-  auto read = [&](int64_t i) {
-    for (; skip[size_t(i)] < n; ++skip[size_t(i)]) {
-      const Sample& s = folder_.samples[size_t(order_[size_t((first + i + skip[size_t(i)]) % n)])];
-      slot.bytes[size_t(i)] = read_file_bytes(s.path);
-      try {
-        size[size_t(i)] = read_jpeg_header(slot.bytes[size_t(i)], s.path.string());
-        sample[size_t(i)] = &s;
-        return;
-      } catch (const CorruptImageError&) {
-        mark_corrupt(s);
-      }
+  auto skip_candidate = [&](size_t i) {  // sample[i] is corrupt: the next file of the order takes its place
+    {
+      std::lock_guard lock(mutex_);
+      corrupt_.insert(sample[i]->path.string());
     }
-    throw core::InputError(folder_.root.string() + ": no image in the dataset decodes");
+    if (++skip[i] >= n) throw core::InputError(folder_.root.string() + ": no image in the dataset decodes");
   };
-  phase_ = "reading and checking files";
-  parallel_for(int64_t(count), opt_.threads, read);
+  // Lifetime of the bytes the decoder reads. From pinned memory nvJPEG's uploads are asynchronous:
+  // they run on stream_ after decode() returns (BatchDecoder: the bytes stay valid until the
+  // stream's work is done). (1) slot.files was last read by this slot's previous batch: its
+  // `ready`, which produce() waited for, follows `decoded_`, recorded on stream_ after that batch's
+  // last decode, so every upload from it is done and clear() overwrites nothing still read.
+  // (2) Within this batch regions are only appended: a replacement is never read into the room of
+  // a file already handed to the decoder, whose upload may still be queued (also when its batch
+  // failed). (3) A growing arena frees its old buffer only after stream_.synchronize(), when
+  // every upload from it is done; stream_ never waits on the consumer, so neither does this.
+  slot.files.clear();
+  auto idle_decode_stream = [&] {
+    phase_ = "growing a file arena (page-locked memory)";
+    stream_.synchronize();
+  };
+  // Reads each of `slots`' next candidate whose header is sound, as the CPU loader's decode would
+  // accept, into fresh room in the arena: sizes first, then room for them all, then the reads.
+  auto read = [&](std::vector<size_t> slots) {
+    while (!slots.empty()) {
+      phase_ = "reading and checking files";
+      std::vector<size_t> file_size(slots.size());
+      parallel_for(int64_t(slots.size()), opt_.threads,
+                   [&](int64_t k) { file_size[size_t(k)] = file_size_of(candidate(slots[size_t(k)]).path); });
+      const std::vector<size_t> at = slot.files.place(file_size, idle_decode_stream);
+      phase_ = "reading and checking files";
+      std::vector<char> sound(slots.size(), 0);
+      parallel_for(int64_t(slots.size()), opt_.threads, [&](int64_t k) {
+        const size_t i = slots[size_t(k)];
+        const Sample& s = candidate(i);
+        const std::span<uint8_t> to(slot.files.data() + at[size_t(k)], file_size[size_t(k)]);
+        read_file_into(s.path, to);
+        file_at[i] = at[size_t(k)];
+        file_bytes[i] = to.size();
+        sample[i] = &s;
+        try {
+          size[i] = read_jpeg_header(to, s.path.string());
+          sound[size_t(k)] = 1;
+        } catch (const CorruptImageError&) {  // the next candidate takes its place
+        }
+      });
+      std::vector<size_t> again;
+      for (size_t k = 0; k < slots.size(); ++k)
+        if (!sound[k]) {
+          skip_candidate(slots[k]);
+          again.push_back(slots[k]);
+        }
+      slots = std::move(again);
+    }
+  };
+  std::vector<size_t> all(count);
+  for (size_t i = 0; i < count; ++i) all[i] = i;
+  read(all);
   read_seconds += since(t0);
 
   // Decode; a slot whose file fails takes its next candidate, until every slot holds an image.
   std::vector<size_t> offset(count);
-  std::vector<size_t> pending(count);
-  for (size_t i = 0; i < count; ++i) pending[i] = i;
+  std::vector<size_t> pending = std::move(all);
   size_t used = 0;
   while (!pending.empty()) {
     for (size_t i : pending) {
@@ -149,7 +200,7 @@ void GpuLoader::build(int64_t b, Slot& slot) {
     std::vector<EncodedJpeg> jpegs;
     std::vector<uint8_t*> dst;
     for (size_t i : pending) {
-      jpegs.push_back({slot.bytes[i], size[i].width, size[i].height});
+      jpegs.push_back({{slot.files.data() + file_at[i], file_bytes[i]}, size[i].width, size[i].height});
       dst.push_back(area + offset[i]);
     }
     const Clock::time_point t_decode = Clock::now();
@@ -159,13 +210,11 @@ void GpuLoader::build(int64_t b, Slot& slot) {
     std::vector<size_t> failed;
     for (size_t k = 0; k < pending.size(); ++k)
       if (!ok[k]) {
-        mark_corrupt(*sample[pending[k]]);
-        ++skip[pending[k]];
+        skip_candidate(pending[k]);
         failed.push_back(pending[k]);
       }
     const Clock::time_point t_reread = Clock::now();
-    phase_ = "reading and checking files";
-    parallel_for(int64_t(failed.size()), opt_.threads, [&](int64_t k) { read(int64_t(failed[size_t(k)])); });
+    read(failed);
     read_seconds += since(t_reread);
     pending = std::move(failed);
   }

@@ -94,14 +94,23 @@ Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name) {
   return img;
 }
 
-std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+size_t file_size_of(const std::filesystem::path& path) {
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) throw core::InputError(path.string() + ": cannot open file (" + ec.message() + ")");
+  return size_t(size);
+}
+
+void read_file_into(const std::filesystem::path& path, std::span<uint8_t> to) {
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw core::InputError(path.string() + ": cannot open file");
-  const auto size = static_cast<size_t>(in.tellg());
-  std::vector<uint8_t> bytes(size);
-  in.seekg(0);
-  if (size && !in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)))
-    throw core::InputError(path.string() + ": cannot read file");
+  if (!to.empty() && !in.read(reinterpret_cast<char*>(to.data()), static_cast<std::streamsize>(to.size())))
+    throw core::InputError(path.string() + ": cannot read file (shorter than " + std::to_string(to.size()) + " bytes)");
+}
+
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
+  std::vector<uint8_t> bytes(file_size_of(path));
+  read_file_into(path, bytes);
   return bytes;
 }
 

@@ -45,6 +45,10 @@ JpegSize read_jpeg_header(std::span<const uint8_t> bytes, const std::string& nam
 // 4:2:0 chroma subsampling as cameras and ImageNet's files use; quality 1..100.
 std::vector<uint8_t> encode_jpeg(const Image& image, int quality = 90);
 
+// I/O failures throw core::InputError naming the file.
 std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path);
+size_t file_size_of(const std::filesystem::path& path);
+// The file's first `to.size()` bytes (all of it, when `to` is as large as file_size_of said).
+void read_file_into(const std::filesystem::path& path, std::span<uint8_t> to);
 
 }  // namespace gpulab::data

@@ -436,6 +436,37 @@ TEST(GpuLoader, SameSeedSameBytesAndTheConsumerStreamIsRespected) {
   EXPECT_FALSE(a[0] == c[0]) << "another seed must give other crops";
 }
 
+// Files read into page-locked memory (nvJPEG's uploads then asynchronous DMA) or pageable
+// (GPULAB_NVJPEG_PINNED=0): the same batches to the bit, corrupt files replaced alike, across
+// epochs and every slot's reuse. A bitstream overwritten while its upload was queued would differ.
+TEST(GpuLoader, PinnedAndPageableFilesGiveIdenticalBatches) {
+  GPULAB_REQUIRE_GPU();
+  TempDir t("gpu_loader_pinned");
+  make_dataset(t.path, dataset_options(3, 10, 500, 375));
+  std::ofstream(t.path / "train" / "c0000_red_circle" / "img_000003.JPEG", std::ios::trunc) << "not a jpeg";
+  const fs::path cut = t.path / "train" / "c0002_red_triangle" / "img_000005.JPEG";
+  std::vector<uint8_t> bytes = read_file_bytes(cut);
+  bytes.resize(bytes.size() / 2);
+  std::ofstream(cut, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  const ImageFolder folder = scan_image_folder(t.path / "train");
+  GpuLoaderOptions go;
+  go.batch = 8;
+  go.threads = 3;
+  go.seed = 77;
+  go.augment.size = 96;
+  go.augment.out = core::DType::bf16;
+  setenv("GPULAB_NVJPEG_PINNED", "0", 1);
+  EXPECT_NE(GpuLoader(folder, go).decoder_name().find("GPULAB_NVJPEG_PINNED=0"), std::string::npos);
+  const auto pageable = run_loader(folder, go, 12, false);  // 4 epochs of 3 batches
+  unsetenv("GPULAB_NVJPEG_PINNED");
+  const GpuLoader probe(folder, go);
+  std::cout << "decoder: " << probe.decoder_name() << "\n";
+  EXPECT_EQ(probe.decoder_name().find("PINNED"), std::string::npos);
+  const auto pinned = run_loader(folder, go, 12, true);
+  ASSERT_EQ(pinned.size(), pageable.size());
+  for (size_t i = 0; i < pinned.size(); ++i) EXPECT_TRUE(pinned[i] == pageable[i]) << "batch " << i << " differs";
+}
+
 TEST(GpuLoader, QuiescedLoaderLetsAnotherThreadCaptureAGraph) {
   // A Global-mode capture forbids every other thread's unsafe CUDA calls (cudaMalloc, stream and
   // event synchronizations): right after next() the loader thread builds the next batches (their
