@@ -100,6 +100,13 @@ MakeOptions dataset_options(int classes, int images, int width, int height) {
   return mo;
 }
 
+// Keeps the first `keep` (a fraction) of the file: an interrupted download.
+void truncate_file(const fs::path& path, double keep) {
+  std::vector<uint8_t> bytes = read_file_bytes(path);
+  bytes.resize(size_t(double(bytes.size()) * keep));
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+}
+
 struct Tol {
   float atol, rtol;
 };
@@ -344,9 +351,7 @@ TEST(GpuLoader, CorruptFilesAreSkippedAsTheCpuLoaderSkipsThem) {
   const fs::path junk = t.path / "train" / "c0000_red_circle" / "img_000001.JPEG";
   const fs::path cut = t.path / "train" / "c0001_red_square" / "img_000004.JPEG";
   std::ofstream(junk, std::ios::trunc) << "not a jpeg at all";
-  std::vector<uint8_t> bytes = read_file_bytes(cut);
-  bytes.resize(bytes.size() * 2 / 3);  // an interrupted download
-  std::ofstream(cut, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  truncate_file(cut, 2.0 / 3);
   const ImageFolder folder = scan_image_folder(t.path / "train");
   for (DecodeBackend backend : {DecodeBackend::cpu, DecodeBackend::automatic}) {
     LoaderOptions lo;
@@ -444,10 +449,7 @@ TEST(GpuLoader, PinnedAndPageableFilesGiveIdenticalBatches) {
   TempDir t("gpu_loader_pinned");
   make_dataset(t.path, dataset_options(3, 10, 500, 375));
   std::ofstream(t.path / "train" / "c0000_red_circle" / "img_000003.JPEG", std::ios::trunc) << "not a jpeg";
-  const fs::path cut = t.path / "train" / "c0002_red_triangle" / "img_000005.JPEG";
-  std::vector<uint8_t> bytes = read_file_bytes(cut);
-  bytes.resize(bytes.size() / 2);
-  std::ofstream(cut, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  truncate_file(t.path / "train" / "c0002_red_triangle" / "img_000005.JPEG", 0.5);
   const ImageFolder folder = scan_image_folder(t.path / "train");
   GpuLoaderOptions go;
   go.batch = 8;
