@@ -99,7 +99,6 @@ std::string env_value(const char* name) {
   return v ? v : "";
 }
 
-
 }  // namespace
 
 struct CudaEngine::Impl {
