@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/device.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "data/file_arena.h"
 #include "data/gpu_augment.h"
@@ -28,10 +27,7 @@ int checked_device() {
 
 // GPULAB_NVJPEG_PINNED=0 reads files into pageable memory, as gpulab did before: an A/B of
 // nvJPEG's bitstream uploads (pageable: synchronous, through the driver's staging buffers).
-bool pinned_files() {
-  const char* env = std::getenv("GPULAB_NVJPEG_PINNED");
-  return !env || std::strcmp(env, "0");
-}
+bool pinned_files() { return core::env_switch("GPULAB_NVJPEG_PINNED").value_or(true); }
 }  // namespace
 
 struct GpuLoader::Slot {

@@ -6,11 +6,10 @@
 // images): a way around an engine or driver fault without leaving the GPU pipeline.
 #include <nvjpeg.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <memory>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "data/gpu_decode.h"
 
@@ -39,10 +38,7 @@ void check(nvjpegStatus_t s, const char* what) {
   if (s != NVJPEG_STATUS_SUCCESS) throw core::Error(std::string("nvJPEG: ") + what + ": " + status_name(s));
 }
 
-bool hardware_switched_off() {
-  const char* env = std::getenv("GPULAB_NVJPEG_HARDWARE");
-  return env && !std::strcmp(env, "0");
-}
+bool hardware_switched_off() { return core::env_switch("GPULAB_NVJPEG_HARDWARE") == false; }
 
 // One nvJPEG backend: handle, batched-decode state, and the batch size it was initialized for.
 struct Backend {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -15,6 +14,7 @@
 #include "blas/matmul.h"
 #include "comm/symmetric_buffer.h"
 #include "core/device.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
@@ -92,12 +92,6 @@ struct Piece {
   Sequence* seq;
   std::span<const int32_t> tokens;
 };
-
-// An A/B switch's environment variable: its value, "" when unset.
-std::string env_value(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
 
 }  // namespace
 
@@ -778,13 +772,13 @@ CudaEngine::~CudaEngine() = default;
 void CudaEngine::communicator_aborted() { impl_->x.forget_communicator(); }
 
 bool residual_wants_symmetric_memory(const EngineOptions& options) {
-  static const std::string env = env_value("GPULAB_NCCL_SYMMETRIC");
-  return env == "1" || (env != "0" && options.nccl_symmetric);
+  static const std::optional<bool> env = core::env_switch("GPULAB_NCCL_SYMMETRIC");
+  return env.value_or(options.nccl_symmetric);
 }
 
 bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
-  static const std::string env = env_value("GPULAB_SKINNY_GEMM");
-  const bool wanted = env == "1" || (env != "0" && options.skinny_gemm);
+  static const std::optional<bool> env = core::env_switch("GPULAB_SKINNY_GEMM");
+  const bool wanted = env.value_or(options.skinny_gemm);
   return wanted && options.weights == WeightFormat::bf16 && options.shard.world == 1 &&
          kernels::skinny_gemm_fits(options.max_batch, model.hidden_size) &&
          kernels::skinny_gemm_fits(1, model.q_dim()) && kernels::skinny_gemm_fits(1, model.intermediate_size);
