@@ -56,13 +56,11 @@ class Communicator {
   // Throws (after aborting) if NCCL has reported an asynchronous error; does not wait.
   void check();
   bool aborted() const { return aborted_; }
-  // A non-blocking NCCL call's result on this communicator: returns once it ended well; an
-  // ncclInProgress is waited for by the watchdog. Aborts and throws as wait() does.
-  void settle(ncclResult_t r, const char* what);
 
  private:
   template <class Query>
   void watch(Query&& done, const char* what);
+  void settle(ncclResult_t r, const char* what);  // a non-blocking call's InProgress, to its end
   [[noreturn]] void fail(const std::string& why);
 
   ncclComm_t comm_ = nullptr;

@@ -1,7 +1,6 @@
 #include "comm/symmetric_buffer.h"
 
 #include <atomic>
-#include <exception>
 #include <string>
 
 #include "core/error.h"
@@ -20,13 +19,7 @@ void say_plain_once(const std::string& why) {
 
 }  // namespace
 
-SymmetricMemory::SymmetricMemory(ncclComm_t comm, size_t bytes) : SymmetricMemory(comm, nullptr, bytes) {}
-
-SymmetricMemory::SymmetricMemory(Communicator& comm, size_t bytes) : SymmetricMemory(comm.get(), &comm, bytes) {}
-
-SymmetricMemory::SymmetricMemory(ncclComm_t comm, Communicator* owner, size_t bytes)
-    : comm_(comm), owner_(owner), bytes_(bytes) {
-  if (owner && owner->aborted()) throw core::Error("symmetric buffer: the communicator was aborted");
+SymmetricMemory::SymmetricMemory(ncclComm_t comm, size_t bytes) : comm_(comm), bytes_(bytes) {
   if (bytes == 0) return;
   if (!comm) {
     ptr_ = core::device_malloc(bytes);
@@ -40,14 +33,7 @@ SymmetricMemory::SymmetricMemory(ncclComm_t comm, Communicator* owner, size_t by
   }
   from_nccl_ = true;
   try {
-    // A non-blocking communicator writes window_ when the registration's group ends: a
-    // Communicator's watchdog waits for that; a raw one (not used so) is polled.
-    ncclResult_t r = ncclCommWindowRegister(comm, ptr_, bytes, &window_, NCCL_WIN_COLL_SYMMETRIC);
-    if (r == ncclInProgress && owner) {
-      owner->settle(r, "registering a symmetric buffer");
-      r = ncclSuccess;
-    }
-    while (r == ncclInProgress) GPULAB_CHECK(ncclCommGetAsyncError(comm, &r));
+    const ncclResult_t r = ncclCommWindowRegister(comm, ptr_, bytes, &window_, NCCL_WIN_COLL_SYMMETRIC);
     if (r != ncclSuccess) {
       window_ = nullptr;
       say_plain_once("ncclCommWindowRegister failed (" + core::status_string(r) + ")");
@@ -64,7 +50,6 @@ SymmetricMemory& SymmetricMemory::operator=(SymmetricMemory&& o) noexcept {
   if (this != &o) {
     reset();
     comm_ = std::exchange(o.comm_, nullptr);
-    owner_ = std::exchange(o.owner_, nullptr);
     ptr_ = std::exchange(o.ptr_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     window_ = std::exchange(o.window_, nullptr);
@@ -75,16 +60,8 @@ SymmetricMemory& SymmetricMemory::operator=(SymmetricMemory&& o) noexcept {
 }
 
 void SymmetricMemory::reset() noexcept {
-  // An aborted communicator is gone, and its windows with it: only the memory is left to free.
-  if (window_ && comm_ && !(owner_ && owner_->aborted())) {
-    const ncclResult_t r = ncclCommWindowDeregister(comm_, window_);
-    try {
-      if (owner_) owner_->settle(r, "deregistering a symmetric buffer");
-      else GPULAB_CHECK(r);
-    } catch (const std::exception& e) {
-      core::log_warn("symmetric buffer: ", e.what());
-    }
-  }
+  // An aborted communicator (forgotten) is gone, and its windows with it: only the memory is left to free.
+  if (window_ && comm_) GPULAB_CHECK_NOTHROW(ncclCommWindowDeregister(comm_, window_));
   if (ptr_ && from_nccl_) {
     // Unmapping does not wait for kernels still using the memory.
     int current = 0;
@@ -97,7 +74,6 @@ void SymmetricMemory::reset() noexcept {
     GPULAB_CHECK_NOTHROW(cudaFree(ptr_));
   }
   comm_ = nullptr;
-  owner_ = nullptr;
   ptr_ = nullptr;
   bytes_ = 0;
   window_ = nullptr;

@@ -11,9 +11,10 @@
 // memory, symmetric() says so, and the log says so once per process. A null communicator gives a
 // plain cudaMalloc buffer without any NCCL call.
 //
-// The communicator must outlive the buffer. After an ncclCommAbort of a raw communicator (which
-// frees it), call forget_communicator() before the buffer goes; a comm::Communicator's abort is
-// seen by the buffer itself.
+// The communicator is a blocking one (ncclCommInitAll, ncclCommInitRank), as the tensor-parallel
+// engine and bench nccl use: through the non-blocking comm::Communicator the H200 gave no window
+// and the all-reduce then failed, so that path is not offered. The communicator must outlive the
+// buffer; after an ncclCommAbort (which frees it), call forget_communicator() before the buffer goes.
 #pragma once
 
 #include <nccl.h>
@@ -21,18 +22,14 @@
 #include <cstddef>
 #include <utility>
 
-#include "comm/communicator.h"
-
 namespace gpulab::comm {
 
 // The untyped memory behind SymmetricBuffer<T>.
 class SymmetricMemory {
  public:
   SymmetricMemory() = default;
-  // `comm` is a blocking communicator (ncclCommInitAll, ncclCommInitRank) or null.
+  // `comm` is a blocking communicator or null.
   SymmetricMemory(ncclComm_t comm, size_t bytes);
-  // A non-blocking one: its watchdog settles the registration.
-  SymmetricMemory(Communicator& comm, size_t bytes);
   ~SymmetricMemory() { reset(); }
   SymmetricMemory(SymmetricMemory&& o) noexcept { *this = std::move(o); }
   SymmetricMemory& operator=(SymmetricMemory&& o) noexcept;
@@ -45,11 +42,9 @@ class SymmetricMemory {
   void forget_communicator() { comm_ = nullptr; }
 
  private:
-  SymmetricMemory(ncclComm_t comm, Communicator* owner, size_t bytes);
   void reset() noexcept;
 
   ncclComm_t comm_ = nullptr;
-  Communicator* owner_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   ncclWindow_t window_ = nullptr;
@@ -62,7 +57,6 @@ class SymmetricBuffer {
  public:
   SymmetricBuffer() = default;
   SymmetricBuffer(ncclComm_t comm, size_t count) : mem_(comm, count * sizeof(T)), count_(count) {}
-  SymmetricBuffer(Communicator& comm, size_t count) : mem_(comm, count * sizeof(T)), count_(count) {}
   SymmetricBuffer(SymmetricBuffer&& o) noexcept : mem_(std::move(o.mem_)), count_(std::exchange(o.count_, 0)) {}
   SymmetricBuffer& operator=(SymmetricBuffer&& o) noexcept {
     mem_ = std::move(o.mem_);

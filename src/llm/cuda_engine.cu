@@ -144,6 +144,7 @@ struct CudaEngine::Impl {
   // The paged KV pool: per layer K then V, each [num_blocks, block_size, kv_heads, head_dim].
   core::DeviceBuffer<bf16> kv;
   int64_t num_blocks = 0;
+  size_t in_use_at_sizing = 0;  // GPU memory in use (everyone's) when the pool was sized
   std::vector<int32_t> free_blocks;
   std::map<SeqId, Sequence> sequences;
   SeqId next_id = 1;
@@ -431,8 +432,9 @@ struct CudaEngine::Impl {
   void size_kv_pool() {
     size_t free_bytes = 0, total = 0;
     GPULAB_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    in_use_at_sizing = total - free_bytes;
     const double budget = opt.gpu_memory_fraction * static_cast<double>(total) -
-                          static_cast<double>(total - free_bytes) - static_cast<double>(kSafetyMargin);
+                          static_cast<double>(in_use_at_sizing) - static_cast<double>(kSafetyMargin);
     const size_t block_bytes = 2 * cfg.num_layers * opt.block_size * kvd * 2;
     num_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
     if (opt.max_kv_tokens > 0) num_blocks = std::min(num_blocks, blocks_for(opt.max_kv_tokens));
@@ -801,7 +803,7 @@ int64_t CudaEngine::kv_free_tokens() const {
 
 CudaEngine::Capacity CudaEngine::capacity() const {
   const Impl& m = *impl_;
-  return {m.num_blocks, m.opt.block_size, m.max_seq_len, m.weight_bytes, m.buffer_bytes, m.kv.bytes()};
+  return {m.num_blocks, m.opt.block_size, m.max_seq_len, m.weight_bytes, m.buffer_bytes, m.kv.bytes(), m.in_use_at_sizing};
 }
 
 std::optional<SeqId> CudaEngine::open(int64_t max_tokens) {

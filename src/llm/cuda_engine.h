@@ -51,13 +51,14 @@ struct EngineOptions {
   ncclComm_t comm = nullptr;
   // With a comm: the residual, all-reduced twice a layer, lives in NCCL symmetric memory
   // (comm/symmetric_buffer.h), so NCCL runs its low-latency symmetric kernels on it (plain
-  // memory where NCCL gives no symmetric window). Off until it is measured on several GPUs (it
-  // has not run on any yet). The environment overrides this: GPULAB_NCCL_SYMMETRIC=0 or 1.
-  bool nccl_symmetric = false;
+  // memory where NCCL gives no symmetric window). On: with 2 H200s it took a 7B batch-1 decode
+  // step from 3.51 to 3.27 ms (docs/benchmarks.md). The environment overrides this:
+  // GPULAB_NCCL_SYMMETRIC=0 or 1.
+  bool nccl_symmetric = true;
 };
 
 // Whether a tensor-parallel engine with these options asks for its residual in NCCL symmetric
-// memory (nccl_symmetric or GPULAB_NCCL_SYMMETRIC=1, not vetoed by GPULAB_NCCL_SYMMETRIC=0).
+// memory (nccl_symmetric, unless GPULAB_NCCL_SYMMETRIC says otherwise).
 bool residual_wants_symmetric_memory(const EngineOptions& options);
 
 // Whether an engine with these options and this model runs its decode passes on skinny_gemm
@@ -100,6 +101,9 @@ class CudaEngine final : public Engine {
     size_t weight_bytes = 0;
     size_t buffer_bytes = 0;
     size_t kv_bytes = 0;
+    // GPU memory in use when the pool was sized (this engine's weights and buffers, the rest of
+    // the process, other processes): the pool takes the fraction's budget less this.
+    size_t in_use_bytes = 0;
   };
   Capacity capacity() const;
 

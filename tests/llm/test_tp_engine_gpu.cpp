@@ -298,19 +298,25 @@ TEST(TpProcesses, OneRankLeaderEqualsThePlainEngine) {
 }
 
 // The followers replay the leader's calls: the group computes what the threaded engine does
-// on the same GPUs (the same shards and collectives), a refused call included.
+// on the same GPUs (the same shards and collectives), a refused call included. The threaded
+// engine runs first and is gone before the group starts: a follower waits for the leader's next
+// call inside a broadcast kernel, and the other engine's synchronising calls on that GPU would
+// wait for that kernel (on the H200 the interleaved test hung).
 TEST(TpProcesses, LeaderAndFollowersMatchTheThreadedEngine) {
   GPULAB_REQUIRE_GPU();
   const int n = visible_gpus();
   if (n < 2 || 8 % n) GTEST_SKIP() << "needs 2, 4 or 8 GPUs, " << n << " visible";
   const WeightSource w = gqa_random();
-  TpEngine threads(w, small_options(), tp_devices(n));
-  ProcessGroup group(w, n);
   const auto ps = prompts(w.config().vocab_size);
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const double e = rel_l2(group.leader().logits(ps[i]), threads.logits(ps[i]));
-    EXPECT_LE(e, 1e-6) << "prompt " << i;
+  std::vector<std::vector<float>> want;
+  GreedyRun a;
+  {
+    TpEngine threads(w, small_options(), tp_devices(n));
+    for (const auto& p : ps) want.push_back(threads.logits(p));
+    a = greedy(threads, ps, 24);
   }
+  ProcessGroup group(w, n);
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_LE(rel_l2(group.leader().logits(ps[i]), want[i]), 1e-6) << "prompt " << i;
   // A step the engines refuse (a token outside the vocabulary) leaves the group in step.
   const auto seq = group.leader().open(8);
   ASSERT_TRUE(seq);
@@ -320,7 +326,7 @@ TEST(TpProcesses, LeaderAndFollowersMatchTheThreadedEngine) {
   std::vector<float> out(w.config().vocab_size);
   EXPECT_THROW(group.leader().step(s, chunk, out), core::InputError);
   group.leader().close(*seq);
-  const GreedyRun a = greedy(threads, ps, 24), b = greedy(group.leader(), ps, 24);
+  const GreedyRun b = greedy(group.leader(), ps, 24);
   EXPECT_EQ(b.tokens, a.tokens);
   for (size_t t = 0; t < a.logits.size(); ++t) EXPECT_LE(rel_l2(b.logits[t], a.logits[t]), 1e-6) << "step " << t;
 }
