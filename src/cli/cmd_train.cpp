@@ -26,6 +26,7 @@ struct TrainCli {
   double bucket_mb = 25;
   std::string allreduce_dtype = "fp32";
   std::string conv_layout = "auto";
+  double conv_workspace_mb = double(train::TrainOptions{}.conv_workspace_limit >> 20);
   double comm_timeout = 300;
   std::optional<double> stall_timeout;  // else GPULAB_STALL_TIMEOUT or data::kStallTimeout
 };
@@ -39,6 +40,7 @@ int run_train(TrainCli& c) {
   o.parallel.allreduce_dtype = train::allreduce_dtype_from_name(c.allreduce_dtype);
   o.parallel.timeout = std::chrono::milliseconds(int64_t(c.comm_timeout * 1000));
   if (c.conv_layout != "auto") o.conv_layout = c.conv_layout == "nchw" ? train::ConvLayout::nchw : train::ConvLayout::nhwc;
+  o.conv_workspace_limit = size_t(c.conv_workspace_mb * (1 << 20));
   if (c.stall_timeout) data::set_stall_timeout(std::chrono::milliseconds(int64_t(*c.stall_timeout * 1000)));
   // Defaults of the usual recipes: torchvision SGD 1e-4, MLPerf LARS 5e-5, LAMB 0.01.
   o.optimizer.weight_decay = c.weight_decay.value_or(o.optimizer.kind == train::OptimizerKind::sgd    ? 1e-4f
@@ -95,7 +97,7 @@ int run_train(TrainCli& c) {
                              {"corrupt_skipped", r.corrupt_skipped}, {"timed_images", r.timed_images},
                              {"timed_seconds", r.timed_seconds}, {"gpus", r.world},
                              {"untimed_steps", std::min<int64_t>(o.warmup_steps_untimed, o.steps - r.start_step - 1)},
-                             {"deterministic", o.deterministic}, {"conv_layout", c.conv_layout}, {"cuda_graph", o.cuda_graph}, {"graph_steps", r.graph_steps}, {"first_step", r.start_step},
+                             {"deterministic", o.deterministic}, {"conv_layout", c.conv_layout}, {"conv_workspace_mb", c.conv_workspace_mb}, {"cuda_graph", o.cuda_graph}, {"graph_steps", r.graph_steps}, {"first_step", r.start_step},
                              {"loss_curve", loss_curve}};
     if (r.val_images) params["val"] = {{"images", r.val_images}, {"top1", r.val_top1}, {"loss", r.val_loss}};
     core::Result res{"train", name, "throughput", r.images_per_second, "img/s", std::nullopt, params};
@@ -175,6 +177,11 @@ void add_train_command(CLI::App& app, Runner& run) {
                   "Layout cuDNN's convolutions run in (tensors stay NHWC; NCHW transposes each call's operands): "
                   "auto measures each direction of each fp32 layer (NHWC with fp16/bf16 or --deterministic)")
       ->check(CLI::IsMember({"auto", "nhwc", "nchw"}))
+      ->capture_default_str();
+  sub->add_option("--conv-workspace", c->conv_workspace_mb,
+                  "MB of scratch a cuDNN convolution algorithm may use: faster algorithms that need more are "
+                  "passed over")
+      ->check(CLI::Range(1.0, 1048576.0))
       ->capture_default_str();
   sub->add_flag("--cuda-graph", o.cuda_graph,
                 "Replay each step from CUDA graphs captured after the untimed steps (one GPU; same bits as without)");

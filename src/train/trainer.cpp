@@ -202,6 +202,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   mo.label_smoothing = opt.label_smoothing;
   mo.deterministic = opt.deterministic;
   mo.conv_layout = opt.conv_layout;
+  mo.workspace_limit = opt.conv_workspace_limit;
   core::Stream stream;
   ResNet net(mo);
   Optimizer optimizer(opt.optimizer, net.optimizer_params(), prec.dtype);

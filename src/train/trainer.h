@@ -41,6 +41,7 @@ struct TrainOptions {
   // Only deterministic cuDNN algorithms: a run, and a resumed run, repeat bit for bit.
   bool deterministic = false;
   std::optional<ConvLayout> conv_layout;  // ModelOptions::conv_layout
+  size_t conv_workspace_limit = ModelOptions{}.workspace_limit;  // per convolution algorithm
   DataParallelOptions parallel;  // --gpus N, or the ranks of a torchrun/mpirun/srun job
   // Steps the host may issue beyond the last one reported (whose loss it has read), so the GPU
   // never idles waiting for the host at a step boundary. 0: each step is read back before the
