@@ -98,15 +98,15 @@ void print_report(std::ostream& out, const llm::LlmBenchReport& r, const llm::Ll
   const double ceiling = (*fp8_gemm)["value"].get<double>();
   out << "\nfp8 linear layers at " << r.prefill_gemms.front().m << " rows, the engine's cuBLASLt calls, against "
       << (*fp8_gemm)["name"].get<std::string>() << " (lm_head stays bf16):\n";
-  Table t({"layer", "m", "n", "k", "out", "ms", "TFLOP/s", "of fp8", "autotuned TFLOP/s", "of fp8"});
+  Table gemms({"layer", "m", "n", "k", "out", "ms", "TFLOP/s", "of fp8", "autotuned TFLOP/s", "of fp8"});
   for (const llm::LinearGemmFigures& f : r.prefill_gemms) {
     const double tflops = f.flop_per_s / 1e12, tuned = f.autotuned_flop_per_s / 1e12;
-    t.add({f.shape.name, std::to_string(f.m), std::to_string(f.shape.n), std::to_string(f.shape.k),
+    gemms.add({f.shape.name, std::to_string(f.m), std::to_string(f.shape.n), std::to_string(f.shape.k),
            std::string(core::dtype_name(f.output)) + (f.beta != 0 ? " +=" : ""), format_double(f.ms, 3),
            format_double(tflops, 1), format_double(100 * tflops / ceiling, 1) + "%", format_double(tuned, 1),
            format_double(100 * tuned / ceiling, 1) + "%"});
   }
-  t.print(out);
+  gemms.print(out);
 }
 
 }  // namespace
