@@ -1,5 +1,6 @@
 // gpulab bench llm: decode and prefill speed of the CUDA engine beside the floors this GPU sets
-// (weights + KV bytes over the measured copy bandwidth; cuBLASLt's bf16 GEMM rate).
+// (weights + KV bytes over the measured copy bandwidth; cuBLASLt's bf16 GEMM rate), and with
+// --weights fp8 the engine's fp8 GEMMs at prefill rows beside bench gemm's own fp8 figure.
 #include <iostream>
 #include <memory>
 #include <optional>

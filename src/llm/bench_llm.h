@@ -1,7 +1,8 @@
 // `gpulab bench llm`: how close LLM inference comes to what the GPU allows. Decode reads every
 // weight (and each sequence's KV cache) once per step, so its floor is those bytes over the
 // measured copy bandwidth; prefill is GEMM work, measured against cuBLASLt's bf16 rate in the
-// same run.
+// same run. With fp8 weights each linear layer's GEMM is also timed alone at the prefill's rows
+// (the caller sets them beside bench gemm's fp8 figure: bench/ sits beside llm/, not below it).
 #pragma once
 
 #include <cstdint>
@@ -67,7 +68,9 @@ struct LinearGemmFigures {
   // cuBLASLt takes that (else bf16, and the engine adds it with a kernel not timed here).
   core::DType output = core::DType::bf16;
   float beta = 0;
-  double ms = 0;  // median, with the cuBLASLt heuristic's algorithm: the engine's choice at prefill
+  // Median of a call among back-to-back ones, with the cuBLASLt heuristic's algorithm: the
+  // engine's choice at prefill.
+  double ms = 0;
   double flop_per_s = 0;
   double autotuned_flop_per_s = 0;  // the fastest of the heuristic's candidates, as bench gemm picks
 };
