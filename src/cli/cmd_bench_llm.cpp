@@ -103,9 +103,9 @@ void print_report(std::ostream& out, const llm::LlmBenchReport& r, const llm::Ll
   for (const llm::LinearGemmFigures& f : r.prefill_gemms) {
     const double tflops = f.flop_per_s / 1e12, tuned = f.autotuned_flop_per_s / 1e12;
     gemms.add({f.shape.name, std::to_string(f.m), std::to_string(f.shape.n), std::to_string(f.shape.k),
-           std::string(core::dtype_name(f.output)) + (f.beta != 0 ? " +=" : ""), format_double(f.ms, 3),
-           format_double(tflops, 1), format_double(100 * tflops / ceiling, 1) + "%", format_double(tuned, 1),
-           format_double(100 * tuned / ceiling, 1) + "%"});
+               std::string(core::dtype_name(f.output)) + (f.beta != 0 ? " +=" : ""), format_double(f.ms, 3),
+               format_double(tflops, 1), format_double(100 * tflops / ceiling, 1) + "%", format_double(tuned, 1),
+               format_double(100 * tuned / ceiling, 1) + "%"});
   }
   gemms.print(out);
 }
