@@ -89,6 +89,13 @@ void print_suite_list(std::ostream& out);
 // --sizes holds a size outside 1..2^31-1; run_bench checks this before looking for a device.
 void check_gemm_options(const Options& options);
 
+// One gemm variant at n³ on the current device, measured exactly as `gpulab bench gemm --only
+// VARIANT --sizes N` measures it (verified, autotuned, inputs rotated past the L2): its result
+// row as that run writes it. For other commands that show a figure beside the suite's own
+// (bench llm's fp8 prefill GEMMs). InputError for an unknown variant; core::Error when it fails
+// its verification or does not run.
+nlohmann::json measure_gemm_variant(const std::string& variant, int64_t n);
+
 // Runs the selected suites on the device; NoDeviceError (exit 3) without one.
 int run_bench(const std::vector<std::string>& names, const Options& options, std::ostream& out);
 

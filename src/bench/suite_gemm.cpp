@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <vector>
 
 #include "bench/gemm_data.h"
@@ -197,6 +198,24 @@ void run_gemm_suite(Context& ctx) {
   }
   ctx.note("% ceiling: of cuBLASLt at the same size and input precision (ladder steps write fp32 C; cuBLASLt fp16/bf16 write their own type; fp8 rowwise against fp8 per-tensor)");
   ctx.finish("gemm (square m = n = k, dense)");
+}
+
+nlohmann::json measure_gemm_variant(const std::string& variant, int64_t n) {
+  Options options;
+  options.only = {variant};
+  options.sizes = {n};
+  check_gemm_options(options);
+  core::require_devices();
+  GPULAB_CHECK(cudaGetDevice(&options.device));
+  const core::DeviceInfo device = core::query_device(options.device);
+  std::ostringstream table;
+  Context ctx(options, device, load_datasheet(device.name), table);
+  run_gemm_suite(ctx);
+  const std::string name = variant + "_" + std::to_string(n);
+  if (!ctx.failed())
+    for (const nlohmann::json& r : ctx.log().results())
+      if (r["name"].get<std::string>() == name) return r;
+  throw core::Error("bench gemm's " + name + " gave no figure:\n" + table.str());
 }
 
 }  // namespace gpulab::bench

@@ -1,8 +1,11 @@
 // gpulab bench llm: decode and prefill speed of the CUDA engine beside the floors this GPU sets
-// (weights + KV bytes over the measured copy bandwidth; cuBLASLt's bf16 GEMM rate).
+// (weights + KV bytes over the measured copy bandwidth; cuBLASLt's bf16 GEMM rate), and with
+// --weights fp8 the engine's fp8 GEMMs at prefill rows beside bench gemm's own fp8 figure.
 #include <iostream>
 #include <memory>
+#include <optional>
 
+#include "bench/suite.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "cli/table.h"
@@ -21,8 +24,16 @@ struct BenchLlmOptions {
   std::string json_path;
 };
 
+// What the fp8 prefill GEMMs are measured against: bench gemm's own row, run in this process.
+constexpr const char* kFp8GemmVariant = "cublaslt_fp8e4m3_rowwise";
+constexpr int64_t kFp8GemmSize = 8192;
+
+std::string prefill_gemm_name(const llm::LinearGemmFigures& f) {
+  return "prefill_gemm_fp8_" + f.shape.name + "_m" + std::to_string(f.m);
+}
+
 void add_results(core::ResultLog& log, const llm::LlmBenchReport& r, const llm::LlmBenchOptions& o,
-                 const std::string& model) {
+                 const std::string& model, const std::optional<nlohmann::json>& fp8_gemm, int tp) {
   const nlohmann::json base = {{"model", model}, {"input", o.input}, {"output", o.output}};
   log.add({"llm", "ceiling_copy", "bandwidth", r.ceilings.copy_bytes_per_s / 1e9, "GB/s", std::nullopt,
            {{"what", "device-to-device cudaMemcpy, read + write bytes, 1 GiB"}}});
@@ -46,11 +57,33 @@ void add_results(core::ResultLog& log, const llm::LlmBenchReport& r, const llm::
     log.add({"llm", "prefill_" + std::to_string(f.tokens), "throughput", f.flop_per_s / 1e12, "TFLOP/s",
              r.ceilings.gemm_bf16_flop_per_s / 1e12, p});
   }
+  if (!fp8_gemm) return;
+  const double ceiling = (*fp8_gemm)["value"].get<double>();
+  nlohmann::json suite_params = (*fp8_gemm)["params"];
+  suite_params["what"] = "bench gemm's " + (*fp8_gemm)["name"].get<std::string>() + ", measured in this run";
+  log.add({"llm", "ceiling_" + (*fp8_gemm)["name"].get<std::string>(), "throughput", ceiling, "TFLOP/s", std::nullopt,
+           suite_params});
+  for (const llm::LinearGemmFigures& f : r.prefill_gemms) {
+    nlohmann::json p = {{"model", model}, {"layer", f.shape.name}, {"m", f.m}, {"n", f.shape.n}, {"k", f.shape.k},
+                        {"tp", tp}, {"input", "fp8e4m3"}, {"output", std::string(core::dtype_name(f.output))}, {"beta", f.beta},
+                        {"scales", "per-token activations x per-channel weights (cuBLASLt outer vector)"},
+                        {"median_ms", f.ms}, {"algorithm", "cuBLASLt heuristic's first choice, as the engine's prefill"},
+                        {"autotuned_tflops", f.autotuned_flop_per_s / 1e12},
+                        {"autotuned_fraction", f.autotuned_flop_per_s / 1e12 / ceiling},
+                        {"ceiling", (*fp8_gemm)["name"]}};
+    // The peak is the suite's fp8 figure, so `fraction` is the fraction of it.
+    log.add({"llm", prefill_gemm_name(f), "throughput", f.flop_per_s / 1e12, "TFLOP/s", ceiling, p});
+  }
 }
 
-void print_report(std::ostream& out, const llm::LlmBenchReport& r, const llm::LlmBenchOptions& o) {
+void print_report(std::ostream& out, const llm::LlmBenchReport& r, const llm::LlmBenchOptions& o,
+                  const std::optional<nlohmann::json>& fp8_gemm) {
   out << "ceilings: copy " << format_double(r.ceilings.copy_bytes_per_s / 1e12, 2) << " TB/s, cuBLASLt bf16 "
-      << format_double(r.ceilings.gemm_bf16_flop_per_s / 1e12, 1) << " TFLOP/s\n\n";
+      << format_double(r.ceilings.gemm_bf16_flop_per_s / 1e12, 1) << " TFLOP/s";
+  if (fp8_gemm)
+    out << ", " << (*fp8_gemm)["name"].get<std::string>() << " " << format_double((*fp8_gemm)["value"].get<double>(), 1)
+        << " TFLOP/s";
+  out << "\n\n";
   Table t({"batch", "in/out", "TTFT ms", "ms/step", "p90 ms", "decode tok/s", "end-to-end tok/s", "floor ms", "of floor"});
   for (const llm::DecodeFigures& f : r.decode)
     t.add({std::to_string(f.batch), std::to_string(o.input) + "/" + std::to_string(o.output),
@@ -62,6 +95,19 @@ void print_report(std::ostream& out, const llm::LlmBenchReport& r, const llm::Ll
     out << "\nprefill of " << r.prefill->tokens << " tokens: " << format_double(r.prefill->ms, 2) << " ms, "
         << format_double(r.prefill->flop_per_s / 1e12, 1) << " TFLOP/s = "
         << format_double(100 * r.prefill->fraction_of_gemm, 1) << "% of cuBLASLt bf16\n";
+  if (!fp8_gemm || r.prefill_gemms.empty()) return;
+  const double ceiling = (*fp8_gemm)["value"].get<double>();
+  out << "\nfp8 linear layers at " << r.prefill_gemms.front().m << " rows, the engine's cuBLASLt calls, against "
+      << (*fp8_gemm)["name"].get<std::string>() << " (lm_head stays bf16):\n";
+  Table gemms({"layer", "m", "n", "k", "out", "ms", "TFLOP/s", "of fp8", "autotuned TFLOP/s", "of fp8"});
+  for (const llm::LinearGemmFigures& f : r.prefill_gemms) {
+    const double tflops = f.flop_per_s / 1e12, tuned = f.autotuned_flop_per_s / 1e12;
+    gemms.add({f.shape.name, std::to_string(f.m), std::to_string(f.shape.n), std::to_string(f.shape.k),
+               std::string(core::dtype_name(f.output)) + (f.beta != 0 ? " +=" : ""), format_double(f.ms, 3),
+               format_double(tflops, 1), format_double(100 * tflops / ceiling, 1) + "%", format_double(tuned, 1),
+               format_double(100 * tuned / ceiling, 1) + "%"});
+  }
+  gemms.print(out);
 }
 
 }  // namespace
@@ -73,7 +119,8 @@ void add_bench_llm_subcommand(CLI::App& bench, Runner& run) {
   sub->footer(
       "Decode reads every weight and the cached keys/values once per step: the floor is those\n"
       "bytes over the copy bandwidth measured in the same run. Prefill is measured against\n"
-      "cuBLASLt's bf16 GEMM rate, also measured here.\n\n"
+      "cuBLASLt's bf16 GEMM rate, also measured here. With --weights fp8, each fp8 linear layer's\n"
+      "GEMM at --prefill rows is timed alone, beside bench gemm's cublaslt_fp8e4m3_rowwise 8192³.\n\n"
       "Examples:\n"
       "  gpulab bench llm --config llama2-7b --dummy-weights --batch 1,16 --input 128 --output 128\n"
       "  gpulab bench llm --model ./Llama-2-7b-hf --batch 1,8,32 --prefill 0 --json llm.json");
@@ -88,11 +135,15 @@ void add_bench_llm_subcommand(CLI::App& bench, Runner& run) {
     run = [opt] {
       core::require_devices();
       const llm::WeightSource weights = load_weights(opt->model);
+      std::optional<nlohmann::json> fp8_gemm;  // measured first, while the memory is free
+      if (opt->model.engine.cuda.weights == llm::WeightFormat::fp8 && opt->bench.prefill > 0)
+        fp8_gemm = bench::measure_gemm_variant(kFp8GemmVariant, kFp8GemmSize);
       const llm::LlmBenchReport report = llm::bench_llm(weights, opt->model.engine, opt->bench);
-      print_report(std::cout, report, opt->bench);
+      print_report(std::cout, report, opt->bench, fp8_gemm);
       if (!opt->json_path.empty()) {
         core::ResultLog log(core::stamp_gpu(0));
-        add_results(log, report, opt->bench, opt->model.dummy_weights ? opt->model.config + " (random weights)" : opt->model.model);
+        add_results(log, report, opt->bench, opt->model.dummy_weights ? opt->model.config + " (random weights)" : opt->model.model,
+                    fp8_gemm, opt->model.engine.tp);
         log.write(opt->json_path);
         std::cout << "wrote " << log.results().size() << " results to " << opt->json_path << "\n";
       }

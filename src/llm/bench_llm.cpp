@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <random>
 
 #include "blas/matmul.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "kernels/fp8_quant.h"
 #include "llm/cpu_model.h"
+#include "llm/tensor_parallel.h"
 
 namespace gpulab::llm {
 
@@ -39,7 +42,94 @@ double median_ms(cudaStream_t stream, int warmup, int reps, F&& fn) {
   return percentile(times, 50);
 }
 
+// Median ms of one call of `fn`, timed in samples of back-to-back calls lasting about 2 ms, so the
+// host's few µs to enqueue a cuBLASLt call do not count (bench gemm's samples last 5 ms).
+template <class F>
+double median_call_ms(cudaStream_t stream, F&& fn) {
+  const double one = median_ms(stream, 3, 3, fn);
+  const int calls = static_cast<int>(std::ceil(2.0 / std::max(one, 2e-3)));  // at most 1000
+  return median_ms(stream, 1, 15, [&] { for (int i = 0; i < calls; ++i) fn(); }) / calls;
+}
+
+// rows×cols e4m3 and one scale per row, quantized as the engine quantizes its weights and
+// activations, from normal bf16 values (one block of rows repeated down the matrix: the values
+// do not change the speed, and generating 470 M of them on the host would take seconds).
+void fill_fp8_rows(std::byte* q, float* scales, int64_t rows, int64_t cols, std::mt19937_64& rng, cudaStream_t stream) {
+  const int64_t block_rows = std::clamp<int64_t>((int64_t{1} << 20) / cols, 1, rows);
+  std::vector<uint16_t> host(block_rows * cols);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (uint16_t& v : host) v = core::float_to_bf16_bits(normal(rng));
+  core::DeviceBuffer<uint16_t> block(host.size());
+  GPULAB_CHECK(cudaMemcpyAsync(block.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice, stream));
+  for (int64_t r = 0; r < rows; r += block_rows)
+    kernels::fp8_quantize(q + r * cols, scales + r, block.get(), core::DType::bf16, std::min(block_rows, rows - r), cols,
+                          kernels::Fp8Granularity::row, nullptr, stream);
+  GPULAB_CHECK(cudaStreamSynchronize(stream));  // before `host` and `block` go
+}
+
 }  // namespace
+
+std::vector<LinearShape> fp8_linear_shapes(const LlamaConfig& c) {
+  const int64_t h = c.hidden_size;
+  return {{"qkv", c.q_dim() + 2 * c.kv_dim(), h, false},
+          {"o_proj", h, c.q_dim(), true},
+          {"gate_up", 2 * c.intermediate_size, h, false},
+          {"down", h, c.intermediate_size, true}};
+}
+
+std::vector<LinearGemmFigures> time_fp8_linears(const LlamaConfig& config, int64_t m) {
+  if (m < 1) throw core::InputError("bench llm: fp8 GEMMs need at least 1 row");
+  core::Stream stream;
+  blas::Blas heuristic, autotuned;
+  constexpr int kAutotuneCandidates = 16;  // as bench gemm
+  autotuned.set_autotune(kAutotuneCandidates);
+  int device = 0, l2 = 0;
+  GPULAB_CHECK(cudaGetDevice(&device));
+  GPULAB_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  std::mt19937_64 rng(1);
+  std::vector<LinearGemmFigures> out;
+  for (const LinearShape& s : fp8_linear_shapes(config)) {
+    const size_t w_bytes = static_cast<size_t>(s.n * s.k);
+    const int sets = static_cast<int>(std::clamp<size_t>((2 * static_cast<size_t>(l2) + w_bytes - 1) / w_bytes, 1, 64));
+    std::vector<core::DeviceBuffer<std::byte>> w;
+    std::vector<core::DeviceBuffer<float>> w_scales;
+    for (int i = 0; i < sets; ++i) {
+      w.emplace_back(w_bytes);
+      w_scales.emplace_back(s.n);
+      fill_fp8_rows(w.back().get(), w_scales.back().get(), s.n, s.k, rng, stream);
+    }
+    core::DeviceBuffer<std::byte> x(m * s.k), y(m * s.n * 4);
+    core::DeviceBuffer<float> x_scales(m);
+    fill_fp8_rows(x.get(), x_scales.get(), m, s.k, rng, stream);
+    GPULAB_CHECK(cudaMemsetAsync(y.get(), 0, y.bytes(), stream));
+
+    LinearGemmFigures f{s, m};
+    int next = 0;
+    auto run = [&](blas::Blas& blas) {
+      blas.matmul({m, s.n, s.k, false, true}, {core::DType::f8e4m3, core::DType::f8e4m3, f.output}, x.get(),
+                  w[next].get(), y.get(), stream, 1.f, f.beta, {x_scales.get(), w_scales[next].get(), true});
+      next = (next + 1) % sets;
+    };
+    if (s.into_residual) {  // as CudaEngine's probe: into the float residual if cuBLASLt takes it
+      f.output = core::DType::f32;
+      f.beta = 1.f;
+      try {
+        run(heuristic);
+        stream.synchronize();
+      } catch (const core::Error& e) {
+        core::log_info("bench llm: fp8 ", s.name, " writes bf16 (the engine adds it with a kernel): ", e.what());
+        f.output = core::DType::bf16;
+        f.beta = 0.f;
+      }
+    }
+    const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+    f.ms = median_call_ms(stream, [&] { run(heuristic); });
+    f.flop_per_s = flop / (f.ms * 1e-3);
+    f.autotuned_flop_per_s = flop / (median_call_ms(stream, [&] { run(autotuned); }) * 1e-3);
+    out.push_back(f);
+  }
+  return out;
+}
 
 double decode_bytes_per_step(const LlamaConfig& c, int64_t batch, double kv_tokens, int64_t weight_bytes_per_param) {
   const double embedding_table = static_cast<double>(c.vocab_size * c.hidden_size);
@@ -92,6 +182,8 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
   const LlamaConfig& c = weights.config();
   LlmBenchReport report;
   report.ceilings = measure_ceilings();
+  if (spec.cuda.weights == WeightFormat::fp8 && o.prefill > 0)  // before the engines take the memory
+    report.prefill_gemms = time_fp8_linears(spec.tp > 1 ? shard_config(c, shard_layout(c, {0, spec.tp})) : c, o.prefill);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(1, static_cast<int32_t>(c.vocab_size - 1));
 

@@ -35,3 +35,9 @@ TEST(GemmOptions, SizesMustBePositive32Bit) {
   opt.sizes = {int64_t(1) << 31};
   EXPECT_THROW(check_gemm_options(opt), core::InputError);
 }
+
+// bench llm's fp8 figure goes through the same check, before any device is needed.
+TEST(GemmOptions, MeasuringAnUnknownVariantIsAnInputError) {
+  EXPECT_THROW(measure_gemm_variant("cublaslt_fp8e4m3_rowwise_8192", 8192), core::InputError);
+  EXPECT_THROW(measure_gemm_variant("cublaslt_fp8e4m3_rowwise", 0), core::InputError);
+}

@@ -1,0 +1,28 @@
+// measure_gemm_variant (bench llm's fp8 figure): one variant's row, as bench gemm writes it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "bench/suite.h"
+#include "common/gpu.h"
+#include "core/result.h"
+
+using namespace gpulab;
+
+TEST(GemmVariantGpu, Fp8RowwiseGivesTheSuitesVerifiedRow) {
+  GPULAB_REQUIRE_GPU();
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  if (major * 10 + minor < 89) GTEST_SKIP() << "fp8 needs compute capability 8.9 or newer";
+  const nlohmann::json r = bench::measure_gemm_variant("cublaslt_fp8e4m3_rowwise", 1024);
+  EXPECT_EQ(core::validate_result(r), "") << r.dump();
+  EXPECT_EQ(r["suite"].get<std::string>(), "gemm");
+  EXPECT_EQ(r["name"].get<std::string>(), "cublaslt_fp8e4m3_rowwise_1024");
+  EXPECT_EQ(r["unit"].get<std::string>(), "TFLOP/s");
+  const double v = r["value"].get<double>();
+  EXPECT_TRUE(std::isfinite(v) && v > 0) << r.dump();
+  EXPECT_EQ(r["params"]["input"].get<std::string>(), "fp8e4m3") << r.dump();
+  EXPECT_EQ(r["params"]["verified"].get<std::string>(), "tolerance") << r.dump();
+  EXPECT_EQ(r["params"]["m"].get<int64_t>(), 1024);
+}
