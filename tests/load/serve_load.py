@@ -6,6 +6,12 @@ mixed prompt lengths, streaming and not; a share of streaming clients hang up mi
 p50/p99 time to first token (TTFT), inter-token latency (ITL), throughput and failures, then
 checks on /metrics that the KV cache is empty again and that the server's RSS stayed flat.
 
+The load runs in rounds on the same server (--rounds, default 2; the duration is split between
+them) and the server's RSS is sampled throughout. The first round, at full concurrency, is the
+warm-up: buffers sized to the largest batch, malloc arenas of the connection threads, library
+caches grow once. The "RSS flat" check judges the growth from the end of the first round to the
+end of the last (a leak grows every round, warm-up does not); both growths are reported.
+
 With --sigterm-pid PID it finally starts a few long streams, sends SIGTERM to PID once they are
 under way, and checks that each still ends with [DONE] (in-flight requests finish on shutdown).
 
@@ -218,15 +224,54 @@ def sigterm_check(args):
     return results
 
 
+class RssSampler(threading.Thread):
+    """Samples the server's RSS from /metrics every `interval` seconds: (seconds, bytes) pairs."""
+
+    def __init__(self, args, interval):
+        super().__init__(daemon=True)
+        self.args, self.interval = args, interval
+        self.samples = []
+        self.stopped = threading.Event()
+        self.start_time = time.monotonic()
+
+    def sample(self):
+        try:
+            rss = metrics(self.args).get("process_resident_memory_bytes", 0)
+        except OSError:
+            return  # a busy server may time a sample out; the next one counts
+        self.samples.append((round(time.monotonic() - self.start_time, 1), rss))
+
+    def run(self):
+        while not self.stopped.wait(self.interval):
+            self.sample()
+
+    def peak_since(self, t):
+        return max((rss for s, rss in self.samples if s >= t), default=0)
+
+
+def run_round(args, index, seconds, stats):
+    deadline = time.monotonic() + seconds
+    seeds = [args.seed * 100003 + index * args.clients + i for i in range(args.clients)]  # fresh prompts each round
+    threads = [threading.Thread(target=client, args=(args, seed, deadline, stats), daemon=True) for seed in seeds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--clients", type=int, default=256)
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load, split between the rounds")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of load on the same server; the first is the warm-up (1: judge RSS from start to end)")
     p.add_argument("--disconnect-share", type=float, default=0.1, help="share of streams the client leaves early")
     p.add_argument("--request-timeout", type=float, default=300.0)
-    p.add_argument("--rss-growth-mb", type=float, default=64.0, help="allowed RSS growth, warm-up to end")
+    p.add_argument("--rss-growth-mb", type=float, default=64.0,
+                   help="allowed RSS growth after the warm-up round (end of round 1 to end of the last)")
+    p.add_argument("--rss-interval", type=float, default=1.0, help="seconds between RSS samples")
     p.add_argument("--api-key", default=os.environ.get("GPULAB_API_KEY", ""))
     p.add_argument("--sigterm-pid", type=int, default=0, help="after the load, SIGTERM this server mid-stream")
     p.add_argument("--sigterm-streams", type=int, default=4)
@@ -234,30 +279,44 @@ def main():
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
 
     stats = Stats()
-    # Warm-up: a few requests so that the first RSS sample sees allocated buffers.
+    # A few requests one at a time first: the engine's first steps (kernels loaded, plans made)
+    # come before the first RSS figure.
     warm = Stats()
     for i in range(8):
         one_request(args, random.Random(1000 + i), warm)
     rss_start = metrics(args).get("process_resident_memory_bytes", 0)
 
+    sampler = RssSampler(args, args.rss_interval)
+    sampler.start()
+    rounds = []  # per round: requests, RSS when idle after it, peak RSS during it
     start = time.monotonic()
-    deadline = start + args.duration
-    threads = [threading.Thread(target=client, args=(args, args.seed * 100003 + i, deadline, stats), daemon=True)
-               for i in range(args.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for r in range(args.rounds):
+        began = time.monotonic() - sampler.start_time
+        before = stats.ok + stats.disconnected
+        run_round(args, r, args.duration / args.rounds, stats)
+        m = wait_idle(args)
+        rounds.append({"requests": stats.ok + stats.disconnected - before,
+                       "rss_idle_mb": round(m.get("process_resident_memory_bytes", 0) / 2**20, 1),
+                       "rss_peak_mb": round(max(sampler.peak_since(began), m.get("process_resident_memory_bytes", 0)) / 2**20, 1)})
     elapsed = time.monotonic() - start
+    sampler.stopped.set()
+    sampler.join()
 
-    m = wait_idle(args)
     kv_used = m.get("gpulab_kv_used_tokens", -1)
     rss_end = m.get("process_resident_memory_bytes", 0)
+    mb = 2**20
+    # Warm-up: the start to the end of round 1. Steady state: the end of round 1 to the end of
+    # the last (with one round there is no steady state to tell apart: the whole growth counts).
+    warmup_growth = rounds[0]["rss_idle_mb"] - rss_start / mb
+    steady_growth = rss_end / mb - (rounds[0]["rss_idle_mb"] if args.rounds > 1 else rss_start / mb)
+    steady_requests = sum(x["requests"] for x in rounds[1:]) if args.rounds > 1 else rounds[0]["requests"]
     ms = lambda v: None if v is None else round(v * 1000, 2)  # noqa: E731
     report = {
-        "clients": args.clients, "duration_s": round(elapsed, 1),
+        "clients": args.clients, "duration_s": round(elapsed, 1), "rounds": args.rounds,
         "requests_ok": stats.ok, "requests_disconnected": stats.disconnected, "requests_429": stats.busy,
         "failures": len(stats.failures), "failure_examples": stats.failures[:5],
         "requests_per_s": round((stats.ok + stats.disconnected) / elapsed, 2),
@@ -267,13 +326,17 @@ def main():
         "latency_p50_ms": ms(percentile(stats.latency, 50)), "latency_p99_ms": ms(percentile(stats.latency, 99)),
         "kv_used_tokens_after": kv_used,
         "requests_cancelled_server": m.get("gpulab_requests_cancelled_total"),
-        "rss_start_mb": round(rss_start / 2**20, 1), "rss_end_mb": round(rss_end / 2**20, 1),
+        "rss_start_mb": round(rss_start / mb, 1), "rss_end_mb": round(rss_end / mb, 1),
+        "rss_rounds": rounds,
+        "rss_warmup_growth_mb": round(warmup_growth, 1),
+        "rss_steady_growth_mb": round(steady_growth, 1),
+        "rss_steady_kb_per_request": round(steady_growth * 1024 / max(steady_requests, 1), 2),
     }
     checks = {
         "no failed requests": not stats.failures,
         "some requests completed": stats.ok > 0,
         "KV cache empty after the load": kv_used == 0,
-        "RSS flat": rss_start > 0 and (rss_end - rss_start) / 2**20 <= args.rss_growth_mb,
+        "RSS flat": rss_start > 0 and steady_growth <= args.rss_growth_mb,
     }
     if args.sigterm_pid:
         results = sigterm_check(args)
@@ -287,6 +350,7 @@ def main():
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     if args.json:
+        report["rss_samples_mb"] = [(t, round(rss / mb, 1)) for t, rss in sampler.samples]
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0 if all(checks.values()) else 1
