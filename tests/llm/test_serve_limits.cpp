@@ -287,9 +287,10 @@ TEST(ServeLimits, MetricsReportResidentAndHeapMemory) {
 // Whichever way a request ends (finished, streamed, cancelled by a client that left), its state
 // goes with it: after a first round has warmed the server up (threads, caches), a round eight
 // times larger of the same requests leaves the heap bytes in use where they were, give or take
-// the logits buffer growing to a larger batch (up to 8 rows of 4 KB) and allocator noise (seen
-// up to 38 KB). A request's state kept would add more than 1 KB a request: a leaked channel
-// alone (queue, mutex, result) added 170 KB over 160 requests.
+// buffers growing to a larger batch than the first round's (logits: up to 8 rows of 4 KB;
+// sampling scratch: 8 KB a sampling thread) and allocator noise (seen up to 38 KB). A request's
+// state kept would add more than 1 KB a request: a leaked channel alone (queue, mutex, result)
+// added 170 KB over 160 requests.
 TEST(ServeLimits, RequestsLeaveNoLiveHeapBehind) {
   Served s(named_tiny());
   auto round = [&](int requests) {
@@ -311,5 +312,5 @@ TEST(ServeLimits, RequestsLeaveNoLiveHeapBehind) {
   EXPECT_EQ(m.requests_finished + m.requests_cancelled - before.requests_finished - before.requests_cancelled, 360);
   EXPECT_LE(m.requests_cancelled - before.requests_cancelled, 47);
   EXPECT_EQ(m.kv_free_tokens, m.kv_capacity_tokens);
-  EXPECT_LT(after - warm, 96 << 10) << "heap in use after the warm-up round " << warm << " B, after the second " << after << " B";
+  EXPECT_LT(after - warm, 128 << 10) << "heap in use after the warm-up round " << warm << " B, after the second " << after << " B";
 }
