@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Load test of `gpulab serve` (docs/reliability.md): starts the server, runs tests/load/serve_load.py
 # (N clients for D seconds, streaming and not, some leaving mid-stream), checks /metrics (KV empty
-# afterwards, RSS flat), then SIGTERMs the server during long streams: they must finish and the
-# server must exit 0.
-#   scripts/load_test.sh [--clients N] [--duration S] [--device cpu|cuda] [--build DIR] [--json FILE]
-#                        [-- SERVER_ARGS...]
+# afterwards, RSS flat after a warm-up round), then SIGTERMs the server during long streams: they
+# must finish and the server must exit 0.
+#   scripts/load_test.sh [--clients N] [--duration S] [--rounds R] [--device cpu|cuda] [--build DIR]
+#                        [--json FILE] [-- SERVER_ARGS...]
+# The duration is split into R rounds (default 2) on the same server; the first is the warm-up.
 # Defaults: 256 clients, 60 s, the CPU engine on the tiny fixture (tests/data/llama_tiny). On the GPU:
 #   scripts/load_test.sh --device cuda -- --config llama3-8b --dummy-weights --tokenizer tests/data/tokenizer_bytelevel
 set -euo pipefail
 cd "$(dirname "$0")/.."
-clients=256 duration=60 device=cpu build=build json="" server_args=()
+clients=256 duration=60 rounds=2 device=cpu build=build json="" server_args=()
 while (($#)); do
   case $1 in
     --clients) clients=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
@@ -37,7 +39,7 @@ for _ in $(seq 600); do
 done
 echo "load_test.sh: serve pid $pid on port $port ($device, ${server_args[*]}); $clients clients for $duration s"
 status=0
-python3 tests/load/serve_load.py --port "$port" --clients "$clients" --duration "$duration" \
+python3 tests/load/serve_load.py --port "$port" --clients "$clients" --duration "$duration" --rounds "$rounds" \
   --sigterm-pid $pid ${json:+--json "$json"} || status=1
 code=0
 wait $pid || code=$?

@@ -1,5 +1,6 @@
 #include "llm/openai_server.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,20 +90,24 @@ std::vector<int32_t> token_ids(const json& prompt) {
   return ids;
 }
 
-// The process's resident set (for /metrics: load tests watch it stay flat); 0 when unknown.
-int64_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
-}
-
 // JSON text of a reply; text that is not valid UTF-8 is replaced (U+FFFD), never a throw.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::string sse(const json& chunk) { return "data: " + dump(chunk) + "\n\n"; }
 
 }  // namespace
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  m.resident_bytes = resident * ::sysconf(_SC_PAGESIZE);
+  const struct mallinfo2 heap = ::mallinfo2();
+  m.heap_in_use_bytes = static_cast<int64_t>(heap.uordblks + heap.hblkhd);
+  m.heap_free_bytes = static_cast<int64_t>(heap.fordblks);
+  return m;
+}
 
 std::string format_chat(const Tokenizer& tokenizer, const json& messages) {
   if (!messages.is_array() || messages.empty()) throw core::InputError("\"messages\" must be a non-empty list");
@@ -235,7 +240,10 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
     metric("gpulab_kv_capacity_tokens", "gauge", "KV cache capacity in tokens.", m.kv_capacity_tokens);
     metric("gpulab_kv_used_tokens", "gauge", "KV cache tokens reserved by running requests.", m.kv_capacity_tokens - m.kv_free_tokens);
     metric("gpulab_steps_total", "counter", "Engine steps run.", m.steps);
-    metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", resident_bytes());
+    const ProcessMemory memory = process_memory();
+    metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", memory.resident_bytes);
+    metric("process_heap_in_use_bytes", "gauge", "Bytes of live malloc allocations.", memory.heap_in_use_bytes);
+    metric("process_heap_free_bytes", "gauge", "Freed bytes malloc keeps in its arenas.", memory.heap_free_bytes);
     return core::HttpResponse{200, "text/plain; version=0.0.4", out.str(), {}, {}};
   });
 

@@ -34,6 +34,16 @@ ParsedGeneration parse_generation_body(const nlohmann::json& body, bool chat, co
 // `<|start_header_id|>`, otherwise Llama-2's `[INST]` format. Throws InputError on bad messages.
 std::string format_chat(const Tokenizer& tokenizer, const nlohmann::json& messages);
 
+// The server process's memory, for /metrics. The heap figures tell a leak from warm-up: a leak
+// grows the bytes in use, while malloc's arenas keeping freed memory (one per thread at first,
+// up to 8 per core) grow the resident set but only the free bytes.
+struct ProcessMemory {
+  int64_t resident_bytes = 0;     // 0 when unknown
+  int64_t heap_in_use_bytes = 0;  // live malloc allocations, mmapped ones included (glibc mallinfo2)
+  int64_t heap_free_bytes = 0;    // freed bytes malloc holds in its arenas, not returned to the system
+};
+ProcessMemory process_memory();
+
 // Registers the API's routes on `server`. `scheduler` and `tokenizer` must outlive it.
 void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tokenizer& tokenizer,
                        const ServerOptions& options);

@@ -19,20 +19,20 @@ void validate(const SamplingParams& p) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) { validate(params); }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+int32_t Sampler::sample(std::span<const float> logits, SamplingScratch& scratch) {
   const int32_t best = argmax(logits);
   if (params_.temperature == 0.f || params_.top_k == 1) return best;
   // Weights exp((logit - top) / T) of the candidates: the top-k (all without top_k), cut to the
   // smallest prefix in descending order whose weight reaches top_p of their total. Only what the
   // cuts need is sorted: a 32k vocabulary sorted whole took ~3 ms a token.
   auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::vector<int32_t>& order = order_;
+  std::vector<int32_t>& order = scratch.order;
   order.resize(logits.size());
   std::iota(order.begin(), order.end(), 0);
   const size_t k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, order.size()) : order.size();
   if (k < order.size()) std::nth_element(order.begin(), order.begin() + k, order.end(), before);
   order.resize(k);
-  std::vector<float>& weight = weight_;
+  std::vector<float>& weight = scratch.weight;
   weight.resize(logits.size());
   const float top = logits[size_t(best)], temperature = params_.temperature;
   double total = 0;

@@ -19,17 +19,23 @@ struct SamplingParams {
 // Throws core::InputError when a parameter is out of range (negative temperature, top_p ∉ (0,1]).
 void validate(const SamplingParams& params);
 
+// Vocabulary-sized work space of Sampler::sample (candidate ids, and weights by token id). It
+// carries nothing from one call to the next: a server keeps one per sampling thread, reused by
+// every request, rather than one per request (blocks of a vocabulary per request, 1 MB for
+// 128k tokens, allocated on short-lived threads, scatter over malloc's arenas and grow the RSS).
+struct SamplingScratch {
+  std::vector<int32_t> order;
+  std::vector<float> weight;
+};
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
-  int32_t sample(std::span<const float> logits);
+  int32_t sample(std::span<const float> logits, SamplingScratch& scratch);
 
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
-  // Scratch reused across tokens (vocabulary-sized): candidate ids, and weights by token id.
-  std::vector<int32_t> order_;
-  std::vector<float> weight_;
 };
 
 }  // namespace gpulab::llm

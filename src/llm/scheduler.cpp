@@ -180,15 +180,19 @@ bool Scheduler::step_once() {
     weighed += a.request.sampling.temperature > 0.f && a.request.sampling.top_k != 1;
   }
   std::vector<int32_t> tokens(batch.size());
-  const auto sample_rows = [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const size_t i = sampled[size_t(r)];
-      tokens[i] = batch[i]->sampler.sample(std::span<const float>(logits).subspan(i * vocab, vocab));
-    }
-  };
   constexpr size_t kRowsPerThread = 4;  // below this a thread's start costs more than it saves
-  kernels::parallel_for(int64_t(sampled.size()), std::min(options_.sampling_threads, int(weighed / kRowsPerThread)),
-                        sample_rows);
+  const int64_t threads = std::max(1, std::min(options_.sampling_threads, int(weighed / kRowsPerThread)));
+  const int64_t rows = static_cast<int64_t>(sampled.size());
+  if (sampling_scratch_.size() < size_t(threads)) sampling_scratch_.resize(threads);
+  // Part p of the rows is sampled with scratch p, whichever thread runs it.
+  kernels::parallel_for(threads, static_cast<int>(threads), [&](int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part)
+      for (int64_t r = rows * part / threads; r < rows * (part + 1) / threads; ++r) {
+        const size_t i = sampled[size_t(r)];
+        tokens[i] = batch[i]->sampler.sample(std::span<const float>(logits).subspan(i * vocab, vocab),
+                                             sampling_scratch_[size_t(part)]);
+      }
+  });
 
   const auto& eos = engine_.config().eos_token_ids;
   for (const size_t i : sampled) {

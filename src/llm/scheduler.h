@@ -95,6 +95,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> running_;
   SchedulerMetrics metrics_;
   std::vector<float> step_logits_;  // the engine's output of the last step (scheduler thread only)
+  std::vector<SamplingScratch> sampling_scratch_;  // one per sampling thread of a step (scheduler thread only)
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -73,8 +73,9 @@ TEST(TokenSampling, CutsDrawWhatAFullSortDraws) {
     const SamplingParams& p = cases[c];
     const std::vector<float> logits = random_logits(32000, 100 + c, 2.f);
     Sampler sampler(p);
+    SamplingScratch scratch;
     std::mt19937_64 rng(p.seed);
-    for (int t = 0; t < 40; ++t) ASSERT_EQ(sampler.sample(logits), sample_by_full_sort(logits, p, rng)) << c << ", draw " << t;
+    for (int t = 0; t < 40; ++t) ASSERT_EQ(sampler.sample(logits, scratch), sample_by_full_sort(logits, p, rng)) << c << ", draw " << t;
   }
 }
 
@@ -82,9 +83,10 @@ TEST(TokenSampling, WithoutCutsTheDrawFollowsTheSoftmax) {
   const std::vector<float> logits = {0.f, 1.f, 2.f, -1.f, 0.5f, 2.f, -3.f};
   const float temperature = 0.8f;
   Sampler sampler({temperature, 0, 1.f, 7});
+  SamplingScratch scratch;
   constexpr int kDraws = 200000;
   std::vector<int> count(logits.size());
-  for (int i = 0; i < kDraws; ++i) ++count[size_t(sampler.sample(logits))];
+  for (int i = 0; i < kDraws; ++i) ++count[size_t(sampler.sample(logits, scratch))];
   double total = 0;
   for (float l : logits) total += std::exp(l / temperature);
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -101,16 +103,38 @@ TEST(TokenSampling, NucleusAndTopKNeverDrawOutside) {
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
   Sampler top_k({1.0f, 3, 1.f, 1});
   Sampler greedy_k({0.5f, 1, 1.f, 1});
+  SamplingScratch scratch;
   for (int i = 0; i < 2000; ++i) {
-    const int32_t t = top_k.sample(logits);
+    const int32_t t = top_k.sample(logits, scratch);
     EXPECT_TRUE(t == order[0] || t == order[1] || t == order[2]) << t;
-    EXPECT_EQ(greedy_k.sample(logits), order[0]);
+    EXPECT_EQ(greedy_k.sample(logits, scratch), order[0]);
   }
   // A distribution with one dominant token: top_p 0.5 keeps it alone.
   std::vector<float> peaked(1000, 0.f);
   peaked[123] = 20.f;
   Sampler nucleus({1.0f, 0, 0.5f, 3});
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(nucleus.sample(peaked), 123);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(nucleus.sample(peaked, scratch), 123);
+}
+
+// The scratch carries nothing between calls: samplers taking turns on one scratch, poisoned
+// between draws and sized for another vocabulary, draw what each draws on a scratch of its own.
+TEST(TokenSampling, SharedScratchDrawsWhatOwnScratchDraws) {
+  const std::vector<SamplingParams> params = {{1.0f, 0, 0.9f, 11}, {0.7f, 40, 1.0f, 12}, {1.3f, 0, 1.0f, 13}, {0.9f, 100, 0.8f, 14}};
+  const std::vector<float> logits = random_logits(6000, 21, 2.f);
+  std::vector<Sampler> shared, own;
+  for (const auto& p : params) {
+    shared.emplace_back(p);
+    own.emplace_back(p);
+  }
+  std::vector<SamplingScratch> own_scratch(params.size());
+  SamplingScratch scratch;
+  std::mt19937_64 poison(5);
+  for (int t = 0; t < 30; ++t)
+    for (size_t i = 0; i < params.size(); ++i) {
+      scratch.order.assign(poison() % 9000, int32_t(poison() % 6000));
+      scratch.weight.assign(poison() % 9000, std::nanf(""));
+      ASSERT_EQ(shared[i].sample(logits, scratch), own[i].sample(logits, own_scratch[i])) << "sampler " << i << ", draw " << t;
+    }
 }
 
 }  // namespace

@@ -6,6 +6,14 @@ mixed prompt lengths, streaming and not; a share of streaming clients hang up mi
 p50/p99 time to first token (TTFT), inter-token latency (ITL), throughput and failures, then
 checks on /metrics that the KV cache is empty again and that the server's RSS stayed flat.
 
+The load runs in rounds on the same server (--rounds, default 2; the duration is split between
+them) and the server's memory is sampled throughout. The first round, at full concurrency, is the
+warm-up: buffers sized to the largest batch, malloc arenas of the connection threads, library
+caches grow once. The "RSS flat" check judges the growth from the end of the first round to the
+end of the last (a leak grows every round, warm-up does not); both growths are reported. The
+server's heap bytes in use (live malloc allocations, /metrics process_heap_in_use_bytes) are
+judged the same way: a leak grows them, arenas that keep freed memory grow only the RSS.
+
 With --sigterm-pid PID it finally starts a few long streams, sends SIGTERM to PID once they are
 under way, and checks that each still ends with [DONE] (in-flight requests finish on shutdown).
 
@@ -218,15 +226,61 @@ def sigterm_check(args):
     return results
 
 
+RSS = "process_resident_memory_bytes"
+HEAP = "process_heap_in_use_bytes"  # live malloc allocations: a leak grows it, arenas keeping freed memory do not
+HEAP_FREE = "process_heap_free_bytes"
+MB = 2**20
+
+
+class MemorySampler(threading.Thread):
+    """Samples the server's RSS and heap from /metrics every `interval` seconds."""
+
+    def __init__(self, args, interval):
+        super().__init__(daemon=True)
+        self.args, self.interval = args, interval
+        self.samples = []  # (seconds, rss MB, heap in use MB, heap free MB)
+        self.stopped = threading.Event()
+        self.start_time = time.monotonic()
+
+    def run(self):
+        while not self.stopped.wait(self.interval):
+            try:
+                m = metrics(self.args)
+            except OSError:
+                continue  # a busy server may time a sample out; the next one counts
+            self.samples.append((round(time.monotonic() - self.start_time, 1),
+                                 *(round(m.get(k, 0) / MB, 1) for k in (RSS, HEAP, HEAP_FREE))))
+
+    def now(self):
+        return time.monotonic() - self.start_time
+
+    def peak_rss_since(self, t):
+        return max((rss for s, rss, _, _ in self.samples if s >= t), default=0)
+
+
+def run_round(args, index, seconds, stats):
+    deadline = time.monotonic() + seconds
+    seeds = [args.seed * 100003 + index * args.clients + i for i in range(args.clients)]  # fresh prompts each round
+    threads = [threading.Thread(target=client, args=(args, seed, deadline, stats), daemon=True) for seed in seeds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--clients", type=int, default=256)
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load, split between the rounds")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of load on the same server; the first is the warm-up (1: judge RSS from start to end)")
     p.add_argument("--disconnect-share", type=float, default=0.1, help="share of streams the client leaves early")
     p.add_argument("--request-timeout", type=float, default=300.0)
-    p.add_argument("--rss-growth-mb", type=float, default=64.0, help="allowed RSS growth, warm-up to end")
+    p.add_argument("--rss-growth-mb", type=float, default=64.0,
+                   help="allowed RSS growth after the warm-up round (end of round 1 to end of the last)")
+    p.add_argument("--rss-interval", type=float, default=1.0, help="seconds between RSS samples")
     p.add_argument("--api-key", default=os.environ.get("GPULAB_API_KEY", ""))
     p.add_argument("--sigterm-pid", type=int, default=0, help="after the load, SIGTERM this server mid-stream")
     p.add_argument("--sigterm-streams", type=int, default=4)
@@ -234,30 +288,47 @@ def main():
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
 
     stats = Stats()
-    # Warm-up: a few requests so that the first RSS sample sees allocated buffers.
+    # A few requests one at a time first: the engine's first steps (kernels loaded, plans made)
+    # come before the first RSS figure.
     warm = Stats()
     for i in range(8):
         one_request(args, random.Random(1000 + i), warm)
-    rss_start = metrics(args).get("process_resident_memory_bytes", 0)
+    start_m = metrics(args)
 
+    sampler = MemorySampler(args, args.rss_interval)
+    sampler.start()
+    idle = []    # /metrics when idle after each round
+    rounds = []  # per round: requests, RSS and heap when idle after it, peak RSS during it
     start = time.monotonic()
-    deadline = start + args.duration
-    threads = [threading.Thread(target=client, args=(args, args.seed * 100003 + i, deadline, stats), daemon=True)
-               for i in range(args.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for r in range(args.rounds):
+        began = sampler.now()
+        before = stats.ok + stats.disconnected
+        run_round(args, r, args.duration / args.rounds, stats)
+        idle.append(wait_idle(args))
+        rounds.append({"requests": stats.ok + stats.disconnected - before,
+                       "rss_mb": round(idle[-1].get(RSS, 0) / MB, 1),
+                       "rss_peak_mb": max(sampler.peak_rss_since(began), round(idle[-1].get(RSS, 0) / MB, 1)),
+                       "heap_in_use_mb": round(idle[-1].get(HEAP, 0) / MB, 1),
+                       "heap_free_mb": round(idle[-1].get(HEAP_FREE, 0) / MB, 1)})
     elapsed = time.monotonic() - start
+    sampler.stopped.set()
+    sampler.join()
 
-    m = wait_idle(args)
+    m = idle[-1]
     kv_used = m.get("gpulab_kv_used_tokens", -1)
-    rss_end = m.get("process_resident_memory_bytes", 0)
+    # Warm-up: from the start to the end of round 1. Steady state: from the end of round 1 to the
+    # end of the last (with one round there is no steady state to tell apart: all growth counts).
+    steady_start = idle[0] if args.rounds > 1 else start_m
+    steady_requests = sum(x["requests"] for x in rounds[1:]) if args.rounds > 1 else rounds[0]["requests"]
+    grew = lambda key, a, b: (b.get(key, 0) - a.get(key, 0)) / MB  # noqa: E731
+    rss_steady, heap_steady = grew(RSS, steady_start, m), grew(HEAP, steady_start, m)
     ms = lambda v: None if v is None else round(v * 1000, 2)  # noqa: E731
     report = {
-        "clients": args.clients, "duration_s": round(elapsed, 1),
+        "clients": args.clients, "duration_s": round(elapsed, 1), "rounds": args.rounds,
         "requests_ok": stats.ok, "requests_disconnected": stats.disconnected, "requests_429": stats.busy,
         "failures": len(stats.failures), "failure_examples": stats.failures[:5],
         "requests_per_s": round((stats.ok + stats.disconnected) / elapsed, 2),
@@ -267,14 +338,23 @@ def main():
         "latency_p50_ms": ms(percentile(stats.latency, 50)), "latency_p99_ms": ms(percentile(stats.latency, 99)),
         "kv_used_tokens_after": kv_used,
         "requests_cancelled_server": m.get("gpulab_requests_cancelled_total"),
-        "rss_start_mb": round(rss_start / 2**20, 1), "rss_end_mb": round(rss_end / 2**20, 1),
+        "rss_start_mb": round(start_m.get(RSS, 0) / MB, 1), "rss_end_mb": round(m.get(RSS, 0) / MB, 1),
+        "rss_warmup_growth_mb": round(grew(RSS, start_m, idle[0]), 1),
+        "rss_steady_growth_mb": round(rss_steady, 1),
+        "heap_in_use_start_mb": round(start_m.get(HEAP, 0) / MB, 1), "heap_in_use_end_mb": round(m.get(HEAP, 0) / MB, 1),
+        "heap_warmup_growth_mb": round(grew(HEAP, start_m, idle[0]), 1),
+        "heap_steady_growth_mb": round(heap_steady, 1),
+        "heap_steady_bytes_per_request": round(heap_steady * MB / max(steady_requests, 1)),
+        "rounds_memory": rounds,
     }
     checks = {
         "no failed requests": not stats.failures,
         "some requests completed": stats.ok > 0,
         "KV cache empty after the load": kv_used == 0,
-        "RSS flat": rss_start > 0 and (rss_end - rss_start) / 2**20 <= args.rss_growth_mb,
+        "RSS flat": start_m.get(RSS, 0) > 0 and rss_steady <= args.rss_growth_mb,
     }
+    if HEAP in m:  # servers before the heap metrics lack it
+        checks["heap in use flat (no leak)"] = heap_steady <= args.rss_growth_mb
     if args.sigterm_pid:
         results = sigterm_check(args)
         report["sigterm_streams"] = results
@@ -287,6 +367,7 @@ def main():
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     if args.json:
+        report["memory_samples"] = {"columns": ["s", "rss_mb", "heap_in_use_mb", "heap_free_mb"], "rows": sampler.samples}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0 if all(checks.values()) else 1
