@@ -867,21 +867,23 @@ void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<con
   // passes of its own (of at most max_tokens rows, each over the part already cached). So every
   // GEMM a sequence sees has the same shape whatever it is batched with, and its tokens do not
   // depend on the batch.
-  std::vector<float> pass_logits(to_host ? std::max<size_t>(decodes.size(), 1) * V : 0);
-  float* pass_out = to_host ? pass_logits.data() : nullptr;
+  // Logits land in the caller's rows, except a decode pass's when the decodes are not the first
+  // rows of the batch (the pass writes rows 0 .. decodes-1): those go through a scratch. No
+  // per-step buffer otherwise: at 64 rows of a 128k vocabulary it would be 31 MiB to fill.
+  const bool decodes_in_place = decodes.empty() || decode_index.back() + 1 == decodes.size();
+  std::vector<float> scratch(to_host && !decodes_in_place ? decodes.size() * V : 0);
   if (!decodes.empty()) {
-    m.forward(decodes, pass_out, false);
-    for (size_t j = 0; j < decodes.size() && to_host; ++j)
-      std::copy_n(pass_logits.data() + j * V, V, logits.data() + decode_index[j] * V);
+    m.forward(decodes, !to_host ? nullptr : decodes_in_place ? logits.data() : scratch.data(), false);
+    for (size_t j = 0; j < decodes.size() && !scratch.empty(); ++j)
+      std::copy_n(scratch.data() + j * V, V, logits.data() + decode_index[j] * V);
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (chunks[i].size() == 1) continue;
     Sequence& s = m.sequence(seqs[i]);
-    for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(m.max_tokens)) {
+    for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(m.max_tokens)) {  // the last pass's row stays
       const size_t n = std::min(chunks[i].size() - t0, static_cast<size_t>(m.max_tokens));
-      m.forward({{&s, chunks[i].subspan(t0, n)}}, pass_out, false);
+      m.forward({{&s, chunks[i].subspan(t0, n)}}, to_host ? logits.data() + i * V : nullptr, false);
     }
-    if (to_host) std::copy_n(pass_logits.data(), V, logits.data() + i * V);
   }
 }
 
