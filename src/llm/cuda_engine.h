@@ -37,8 +37,9 @@ struct EngineOptions {
   bool cuda_graphs = true;           // replay pure decode steps from CUDA graphs
   // Decode passes of at most 16 rows with bf16 weights run their linear layers on
   // kernels::skinny_gemm (the norms and the SwiGLU gate fused into it) instead of cuBLASLt.
-  // Off: on the H200 it measured slower (7B decode batch 1 4.815 vs 4.736 ms a step, batch 16
-  // 9.04 vs 6.95 ms). The environment overrides this: GPULAB_SKINNY_GEMM=1 or 0.
+  // Off: on the H200 it measured slower end to end (7B decode, session 6: batch 1 4.48 vs 4.26 ms
+  // a step, batch 16 7.86 vs 5.58 ms), though faster alone at 1 row (bench decode). The
+  // environment overrides this: GPULAB_SKINNY_GEMM=1 or 0.
   bool skinny_gemm = false;
   WeightFormat weights = WeightFormat::bf16;
   Fp8ActivationScale fp8_activations = Fp8ActivationScale::token;
@@ -51,9 +52,9 @@ struct EngineOptions {
   ncclComm_t comm = nullptr;
   // With a comm: the residual, all-reduced twice a layer, lives in NCCL symmetric memory
   // (comm/symmetric_buffer.h), so NCCL runs its low-latency symmetric kernels on it (plain
-  // memory where NCCL gives no symmetric window). On: with 2 H200s it took a 7B batch-1 decode
-  // step from 3.51 to 3.27 ms (docs/benchmarks.md). The environment overrides this:
-  // GPULAB_NCCL_SYMMETRIC=0 or 1.
+  // memory where NCCL gives no symmetric window). On: with 2 H200s (NVLink) it took a 7B
+  // batch-1 decode step from 3.50-3.52 to 3.19-3.27 ms, batch 16 unchanged within 2 %
+  // (docs/benchmarks.md). The environment overrides this: GPULAB_NCCL_SYMMETRIC=0 or 1.
   bool nccl_symmetric = true;
 };
 
