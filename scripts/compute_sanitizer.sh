@@ -68,11 +68,12 @@ run_one() {
   export CUDA_VISIBLE_DEVICES=${devices[index % ${#devices[@]}]}
   # The sanitizers slow every kernel: the script's --timeout ends a stuck run, not gpulab's stall timeout.
   export GPULAB_STALL_TIMEOUT=${GPULAB_STALL_TIMEOUT:-0}
-  (cd "$(dirname "$exe")" && timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1
+  sanitize() { (cd "$(dirname "$exe")" && timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1; }
+  sanitize
   code=$?
   if grep -q '\[  SKIPPED \]' "$log" && ((${#devices[@]} > 1)); then
     export CUDA_VISIBLE_DEVICES=$device_list
-    (cd "$(dirname "$exe")" && timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1
+    sanitize
     code=$?
   fi
   errors=$(grep -ho 'ERROR SUMMARY: [0-9]* error' "$log" | awk '{s += $3} END {print s + 0}')

@@ -105,7 +105,7 @@ __global__ void masked_copy_kernel(const T* y, const T* dy, T* d, int64_t packs)
     Pack<T> v = load_pack(dy, i);
     for (int k = 0; k < kPack<T>; ++k)
       if (!(float(py.v[k]) > 0.f)) v.v[k] = T(0.f);
-      store_pack(d, i, v);
+    store_pack(d, i, v);
   }
 }
 

@@ -10,11 +10,7 @@
 using namespace gpulab;
 
 TEST(GemmVariantGpu, Fp8RowwiseGivesTheSuitesVerifiedRow) {
-  GPULAB_REQUIRE_GPU();
-  int major = 0, minor = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-  if (major * 10 + minor < 89) GTEST_SKIP() << "fp8 needs compute capability 8.9 or newer";
+  GPULAB_REQUIRE_FP8();
   const nlohmann::json r = bench::measure_gemm_variant("cublaslt_fp8e4m3_rowwise", 1024);
   EXPECT_EQ(core::validate_result(r), "") << r.dump();
   EXPECT_EQ(r["suite"].get<std::string>(), "gemm");

@@ -16,15 +16,8 @@
 
 namespace {
 
-bool has_fp8() {
-  int major = 0, minor = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess && major * 10 + minor >= 89;
-}
-
 TEST(CliBenchLlm, Fp8PrefillGemmsBesideTheSuitesFigure) {
-  GPULAB_REQUIRE_GPU();
-  if (!has_fp8()) GTEST_SKIP() << "fp8 needs compute capability 8.9 or newer";
+  GPULAB_REQUIRE_FP8();
   const std::filesystem::path json = std::filesystem::temp_directory_path() /
                                      ("gpulab_bench_llm_fp8_" + std::to_string(::getpid()) + ".json");
   const auto r = gpulab::testing::run_command(std::string(GPULAB_EXE) + " bench llm --config " GPULAB_TEST_DATA

@@ -13,6 +13,17 @@
     if (!why_.empty()) GTEST_SKIP() << "needs a CUDA device: " << why_; \
   } while (0)
 
+// GPULAB_REQUIRE_GPU, and fp8 tensor cores (compute capability 8.9 or newer) on device 0.
+#define GPULAB_REQUIRE_FP8()                                                                     \
+  do {                                                                                           \
+    GPULAB_REQUIRE_GPU();                                                                        \
+    int major_ = 0, minor_ = 0;                                                                  \
+    if (cudaDeviceGetAttribute(&major_, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||  \
+        cudaDeviceGetAttribute(&minor_, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess ||  \
+        major_ * 10 + minor_ < 89)                                                               \
+      GTEST_SKIP() << "fp8 needs compute capability 8.9 or newer";                               \
+  } while (0)
+
 // CUDA devices visible to this process (0 without a driver), for tests that need several.
 inline int visible_gpus() {
   int n = 0;

@@ -71,6 +71,18 @@ GpuLoaderOptions same_batches_as(const LoaderOptions& lo, DecodeBackend decode, 
   return go;
 }
 
+// GPU loader options of the tests that use the GPU loader alone: batch, threads, seed, and the
+// crop's size and type.
+GpuLoaderOptions loader_options(int batch, int threads, uint64_t seed, int size, core::DType out) {
+  GpuLoaderOptions go;
+  go.batch = batch;
+  go.threads = threads;
+  go.seed = seed;
+  go.augment.size = size;
+  go.augment.out = out;
+  return go;
+}
+
 // atol + rtol * |ref| per element, NaN/Inf fail; returns the number of mismatches (first few printed).
 int64_t count_mismatches(const std::vector<float>& got, const std::vector<float>& want, float atol, float rtol,
                          const std::string& what) {
@@ -426,12 +438,7 @@ TEST(GpuLoader, SameSeedSameBytesAndTheConsumerStreamIsRespected) {
   TempDir t("gpu_loader_seed");
   make_dataset(t.path, dataset_options(3, 8, 320, 240));
   const ImageFolder folder = scan_image_folder(t.path / "train");
-  GpuLoaderOptions go;
-  go.batch = 6;
-  go.threads = 2;
-  go.seed = 42;
-  go.augment.size = 64;
-  go.augment.out = core::DType::bf16;
+  GpuLoaderOptions go = loader_options(6, 2, 42, 64, core::DType::bf16);
   const auto a = run_loader(folder, go, 7, false);
   const auto b = run_loader(folder, go, 7, true);
   ASSERT_EQ(a.size(), b.size());
@@ -451,12 +458,7 @@ TEST(GpuLoader, PinnedAndPageableFilesGiveIdenticalBatches) {
   std::ofstream(t.path / "train" / "c0000_red_circle" / "img_000003.JPEG", std::ios::trunc) << "not a jpeg";
   truncate_file(t.path / "train" / "c0002_red_triangle" / "img_000005.JPEG", 0.5);
   const ImageFolder folder = scan_image_folder(t.path / "train");
-  GpuLoaderOptions go;
-  go.batch = 8;
-  go.threads = 3;
-  go.seed = 77;
-  go.augment.size = 96;
-  go.augment.out = core::DType::bf16;
+  const GpuLoaderOptions go = loader_options(8, 3, 77, 96, core::DType::bf16);
   setenv("GPULAB_NVJPEG_PINNED", "0", 1);
   EXPECT_NE(GpuLoader(folder, go).decoder_name().find("GPULAB_NVJPEG_PINNED=0"), std::string::npos);
   const auto pageable = run_loader(folder, go, 12, false);  // 4 epochs of 3 batches
@@ -479,11 +481,7 @@ TEST(GpuLoader, QuiescedLoaderLetsAnotherThreadCaptureAGraph) {
   TempDir t("gpu_loader_quiesce");
   make_dataset(t.path, dataset_options(3, 8, 160, 120));
   const ImageFolder folder = scan_image_folder(t.path / "train");
-  GpuLoaderOptions go;
-  go.batch = 4;
-  go.threads = 2;
-  go.seed = 5;
-  go.augment.size = 32;
+  const GpuLoaderOptions go = loader_options(4, 2, 5, 32, GpuLoaderOptions{}.augment.out);
   const auto want = run_loader(folder, go, 6, false);
   const size_t label_bytes = size_t(go.batch) * sizeof(int32_t);
   const size_t bytes = want[0].size() - label_bytes;  // as run_loader: images, then labels

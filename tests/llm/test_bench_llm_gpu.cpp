@@ -12,12 +12,6 @@
 namespace gpulab::llm {
 namespace {
 
-bool has_fp8() {
-  int major = 0, minor = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess && major * 10 + minor >= 89;
-}
-
 void expect_table(const LlamaConfig& c, int64_t m) {
   const std::vector<LinearShape> shapes = fp8_linear_shapes(c);
   const std::vector<LinearGemmFigures> got = time_fp8_linears(c, m);
@@ -46,15 +40,13 @@ void expect_table(const LlamaConfig& c, int64_t m) {
 }
 
 TEST(BenchLlmGemmsGpu, TinyModelTableAtPrefillRows) {
-  GPULAB_REQUIRE_GPU();
-  if (!has_fp8()) GTEST_SKIP() << "fp8 needs compute capability 8.9 or newer";
+  GPULAB_REQUIRE_FP8();
   expect_table(read_model_config(testing::fixture_dir("llama_tiny")), 64);
 }
 
 // A real model's shapes at a prompt's rows that no 128-row tile divides (well under a second).
 TEST(BenchLlmGemmsGpu, Llama2_7bTableAtPrefillRows) {
-  GPULAB_REQUIRE_GPU();
-  if (!has_fp8()) GTEST_SKIP() << "fp8 needs compute capability 8.9 or newer";
+  GPULAB_REQUIRE_FP8();
   expect_table(builtin_config("llama2-7b"), 1000);
 }
 
