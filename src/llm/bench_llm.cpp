@@ -10,7 +10,6 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "kernels/fp8_quant.h"
-#include "llm/cpu_model.h"
 #include "llm/tensor_parallel.h"
 
 namespace gpulab::llm {
@@ -201,12 +200,10 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
       if (!id) throw core::InputError("bench llm: the KV cache has no room for batch " + std::to_string(batch));
       seqs.push_back(*id);
     }
-    std::vector<float> logits(batch * c.vocab_size);
-    std::vector<std::vector<int32_t>> last(batch, std::vector<int32_t>(1));
-    auto sample = [&] {
-      for (int64_t i = 0; i < batch; ++i)
-        last[i][0] = argmax(std::span(logits).subspan(i * c.vocab_size, c.vocab_size));
-    };
+    // Greedy, each step's tokens picked by the engine (on the GPU) and fed back as the next chunks.
+    std::vector<int32_t> tokens(batch);
+    std::vector<std::span<const int32_t>> next(batch);
+    for (int64_t i = 0; i < batch; ++i) next[i] = std::span<const int32_t>(&tokens[i], 1);
 
     DecodeFigures f;
     f.batch = batch;
@@ -214,15 +211,12 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     if (s.tp > 1) f.all_reduce = residual_wants_symmetric_memory(s.cuda) ? "symmetric" : "plain";
     std::vector<std::span<const int32_t>> chunks(prompts.begin(), prompts.end());
     auto t0 = Clock::now();
-    engine->step(seqs, chunks, logits);
-    sample();
+    engine->step_greedy(seqs, chunks, tokens);
     f.ttft_ms = ms_since(t0);
-    chunks.assign(last.begin(), last.end());
     std::vector<double> steps;
     for (int64_t t = 1; t < o.output; ++t) {
       t0 = Clock::now();
-      engine->step(seqs, chunks, logits);
-      sample();
+      engine->step_greedy(seqs, next, tokens);  // reads this step's chunks before writing its tokens
       steps.push_back(ms_since(t0));
     }
     for (SeqId id : seqs) engine->close(id);

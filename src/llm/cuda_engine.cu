@@ -93,6 +93,13 @@ struct Piece {
   std::span<const int32_t> tokens;
 };
 
+// Where a forward pass's results go on the host: logits rows [.., vocab], each row's greedy
+// token, or (both null) nowhere.
+struct StepOutput {
+  float* logits = nullptr;
+  int32_t* tokens = nullptr;
+};
+
 }  // namespace
 
 struct CudaEngine::Impl {
@@ -132,6 +139,8 @@ struct CudaEngine::Impl {
   bool fp8_into_float = false;  // cuBLASLt accumulates fp8 products into the float residual itself
   bool skinny_decode = false;   // decode_uses_skinny_gemm
   core::PinnedBuffer<float> logits_host;
+  core::DeviceBuffer<int32_t> greedy;  // a pass's greedy tokens [max_batch], and their host copy
+  core::PinnedBuffer<int32_t> greedy_host;
 
   // Step metadata: one int32 block mirrored in pinned host memory, copied up once per step;
   // the block table comes last so only its used rows travel.
@@ -370,7 +379,7 @@ struct CudaEngine::Impl {
     if (opt.comm) n += align_up(part.shard.world * logit_rows * part.vocab_rows * 4);
     n += align_up(max_tokens * h * 2) + align_up(max_tokens * qkv_width * 2) + align_up(max_tokens * qd * 2);
     n += align_up(max_tokens * 2 * c.intermediate_size * 2) + align_up(max_tokens * c.intermediate_size * 2);
-    n += align_up(kernels::attention_decode_workspace(B, max_seq_len, shape));
+    n += align_up(kernels::attention_decode_workspace(B, max_seq_len, shape)) + align_up(B * 4);
     if (fp8())
       n += align_up(max_tokens * fp8_act_width()) + 2 * align_up(max_tokens * 4) + align_up(max_tokens * h * 2);
     return n + meta_arena.bytes;
@@ -392,6 +401,8 @@ struct CudaEngine::Impl {
     logits = core::DeviceBuffer<float>(logit_rows * part.vocab_rows);
     if (opt.comm) gathered = core::DeviceBuffer<float>(part.shard.world * logit_rows * part.vocab_rows);
     logits_host = core::PinnedBuffer<float>(B * c.vocab_size);
+    greedy = core::DeviceBuffer<int32_t>(B);
+    greedy_host = core::PinnedBuffer<int32_t>(B);
     xn = core::DeviceBuffer<bf16>(max_tokens * h);
     qkv = core::DeviceBuffer<bf16>(max_tokens * qkv_width);
     attn = core::DeviceBuffer<bf16>(max_tokens * qd);
@@ -573,10 +584,11 @@ struct CudaEngine::Impl {
   }
 
   // One forward pass over `pieces` (at most max_batch, at most max_tokens rows in all). Writes
-  // the logits of each piece's last token to out[i · vocab] (for every token when all_rows,
-  // then with a single piece of at most logit_rows; none when out is null), and advances each
-  // sequence's cached length.
-  void forward(const std::vector<Piece>& pieces, float* out, bool all_rows) {
+  // the logits of each piece's last token to out.logits[i · vocab] (for every token when
+  // all_rows, then with a single piece of at most logit_rows) and its greedy token to
+  // out.tokens[i] (picked on the GPU; not with all_rows or tensor parallelism), and advances
+  // each sequence's cached length.
+  void forward(const std::vector<Piece>& pieces, StepOutput out, bool all_rows) {
     const int64_t b = static_cast<int64_t>(pieces.size()), V = cfg.vocab_size;
     // Rows: single-token pieces first (decode attention), then the chunks (prefill attention).
     std::vector<int64_t> order;
@@ -631,9 +643,15 @@ struct CudaEngine::Impl {
       // After one eager run (cuBLASLt plans made), capture the decode step.
       if (pure_decode && opt.cuda_graphs && !std::exchange(decode_ran_eagerly, true)) capture_decode(padded);
     }
-    if (out) copy_logits(all_rows ? out : logits_host.get(), all_rows ? n : b, rows);
+    if (out.logits) copy_logits(all_rows ? out.logits : logits_host.get(), all_rows ? n : b, rows);
+    if (out.tokens) {
+      if (all_rows || opt.comm) throw core::Error("CudaEngine: greedy tokens of a single-GPU last-token pass only");
+      kernels::argmax(greedy.get(), logits.get(), b, V, DType::f32, *stream);
+      GPULAB_CHECK(cudaMemcpyAsync(greedy_host.get(), greedy.get(), b * 4, cudaMemcpyDeviceToHost, *stream));
+    }
     stream->synchronize();
-    if (out && !all_rows) std::copy_n(logits_host.get(), b * V, out);
+    if (out.logits && !all_rows) std::copy_n(logits_host.get(), b * V, out.logits);
+    if (out.tokens) std::copy_n(greedy_host.get(), b, out.tokens);
     for (const Piece& p : pieces) p.seq->kv_len += static_cast<int64_t>(p.tokens.size());
   }
 
@@ -667,11 +685,11 @@ struct CudaEngine::Impl {
     s.blocks.assign(free_blocks.end() - need, free_blocks.end());
     const std::vector<int32_t> ids = {0, 0};
     std::vector<float> out(cfg.vocab_size);
-    forward({{&s, std::span(ids)}}, out.data(), false);                 // a prefill chunk
+    forward({{&s, std::span(ids)}}, {out.data()}, false);                 // a prefill chunk
     // The decode step's GEMMs (every step has their shapes) are worth timing cuBLASLt's
     // candidates for once; prefill shapes change with each prompt, so they keep the heuristic's.
     blas->set_autotune(kDecodeGemmCandidates);
-    forward({{&s, std::span(ids).first(1)}}, out.data(), false);        // a decode step (captured)
+    forward({{&s, std::span(ids).first(1)}}, {out.data()}, false);        // a decode step (captured)
     blas->set_autotune(0);
   }
 
@@ -681,6 +699,9 @@ struct CudaEngine::Impl {
     if (it == sequences.end()) throw core::Error("CudaEngine: unknown sequence " + std::to_string(id));
     return it->second;
   }
+
+  // CudaEngine::step and step_greedy: the decodes in one pass, then each longer chunk alone.
+  void step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks, StepOutput out);
 };
 
 CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
@@ -840,17 +861,30 @@ void CudaEngine::close(SeqId seq) {
 
 void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks,
                       std::span<float> logits) {
-  Impl& m = *impl_;
-  const int64_t V = m.cfg.vocab_size;
-  const bool to_host = !logits.empty();
-  if (chunks.size() != seqs.size() || (to_host && logits.size() < seqs.size() * static_cast<size_t>(V)))
+  if (!logits.empty() && logits.size() < seqs.size() * static_cast<size_t>(impl_->cfg.vocab_size))
     throw core::Error("CudaEngine::step: sizes of seqs, chunks and logits disagree");
-  if (static_cast<int64_t>(seqs.size()) > m.opt.max_batch)
+  impl_->step(seqs, chunks, {logits.empty() ? nullptr : logits.data()});
+}
+
+void CudaEngine::step_greedy(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks,
+                             std::span<int32_t> tokens) {
+  // A tensor-parallel rank holds its vocabulary rows apart (gathered [world, rows, part]): the
+  // host picks from the logits the step puts back together.
+  if (impl_->opt.comm) return Engine::step_greedy(seqs, chunks, tokens);
+  if (tokens.size() < seqs.size()) throw core::Error("CudaEngine::step_greedy: fewer token slots than sequences");
+  impl_->step(seqs, chunks, {nullptr, tokens.data()});
+}
+
+void CudaEngine::Impl::step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks,
+                            StepOutput out) {
+  const int64_t V = cfg.vocab_size;
+  if (chunks.size() != seqs.size()) throw core::Error("CudaEngine::step: sizes of seqs and chunks disagree");
+  if (static_cast<int64_t>(seqs.size()) > opt.max_batch)
     throw core::Error("CudaEngine::step: more sequences than max_batch");
   std::vector<Piece> decodes;
   std::vector<size_t> decode_index;
   for (size_t i = 0; i < seqs.size(); ++i) {
-    Sequence& s = m.sequence(seqs[i]);
+    Sequence& s = sequence(seqs[i]);
     if (chunks[i].empty()) throw core::Error("CudaEngine::step: an empty chunk");
     if (s.kv_len + static_cast<int64_t>(chunks[i].size()) > s.reserved)
       throw core::Error("CudaEngine::step: sequence grew past the length it reserved");
@@ -863,26 +897,35 @@ void CudaEngine::step(std::span<const SeqId> seqs, std::span<const std::span<con
       decode_index.push_back(i);
     }
   }
+  const auto row = [&](StepOutput o, size_t i) -> StepOutput {
+    return {o.logits ? o.logits + i * V : nullptr, o.tokens ? o.tokens + i : nullptr};
+  };
   // Single tokens go together in one decode pass of max_batch rows; each longer chunk runs in
   // passes of its own (of at most max_tokens rows, each over the part already cached). So every
   // GEMM a sequence sees has the same shape whatever it is batched with, and its tokens do not
   // depend on the batch.
-  // Logits land in the caller's rows, except a decode pass's when the decodes are not the first
+  // Results land in the caller's rows, except a decode pass's when the decodes are not the first
   // rows of the batch (the pass writes rows 0 .. decodes-1): those go through a scratch. No
   // per-step buffer otherwise: at 64 rows of a 128k vocabulary it would be 31 MiB to fill.
-  const bool decodes_in_place = decodes.empty() || decode_index.back() + 1 == decodes.size();
-  std::vector<float> scratch(to_host && !decodes_in_place ? decodes.size() * V : 0);
   if (!decodes.empty()) {
-    m.forward(decodes, !to_host ? nullptr : decodes_in_place ? logits.data() : scratch.data(), false);
-    for (size_t j = 0; j < decodes.size() && !scratch.empty(); ++j)
-      std::copy_n(scratch.data() + j * V, V, logits.data() + decode_index[j] * V);
+    const bool in_place = decode_index.back() + 1 == decodes.size();
+    std::vector<float> logit_scratch(out.logits && !in_place ? decodes.size() * V : 0);
+    std::vector<int32_t> token_scratch(out.tokens && !in_place ? decodes.size() : 0);
+    forward(decodes, in_place ? out : StepOutput{out.logits ? logit_scratch.data() : nullptr,
+                                                 out.tokens ? token_scratch.data() : nullptr},
+            false);
+    for (size_t j = 0; j < decodes.size() && !in_place; ++j) {
+      const StepOutput to = row(out, decode_index[j]);
+      if (to.logits) std::copy_n(logit_scratch.data() + j * V, V, to.logits);
+      if (to.tokens) *to.tokens = token_scratch[j];
+    }
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (chunks[i].size() == 1) continue;
-    Sequence& s = m.sequence(seqs[i]);
-    for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(m.max_tokens)) {  // the last pass's row stays
-      const size_t n = std::min(chunks[i].size() - t0, static_cast<size_t>(m.max_tokens));
-      m.forward({{&s, chunks[i].subspan(t0, n)}}, to_host ? logits.data() + i * V : nullptr, false);
+    Sequence& s = sequence(seqs[i]);
+    for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(max_tokens)) {  // the last pass's row stays
+      const size_t n = std::min(chunks[i].size() - t0, static_cast<size_t>(max_tokens));
+      forward({{&s, chunks[i].subspan(t0, n)}}, row(out, i), false);
     }
   }
 }
@@ -901,7 +944,7 @@ std::vector<float> CudaEngine::logits(std::span<const int32_t> ids) {
     Sequence& s = m.sequence(*id);
     for (int64_t t0 = 0; t0 < T; t0 += m.logit_rows) {  // passes over the cached past
       const int64_t n = std::min(m.logit_rows, T - t0);
-      m.forward({{&s, ids.subspan(t0, n)}}, out.data() + t0 * V, true);
+      m.forward({{&s, ids.subspan(t0, n)}}, {out.data() + t0 * V}, true);
     }
   } catch (...) {
     close(*id);

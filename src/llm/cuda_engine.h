@@ -91,6 +91,9 @@ class CudaEngine final : public Engine {
   // tensor-parallel group other than 0).
   void step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks,
             std::span<float> logits) override;
+  // Picks each row's greedy token on the GPU (on the host from the logits with tensor parallelism).
+  void step_greedy(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks,
+                   std::span<int32_t> tokens) override;
 
   // Logits [ids.size(), vocab] in float32 of every position of one prompt.
   std::vector<float> logits(std::span<const int32_t> ids);

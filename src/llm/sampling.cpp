@@ -21,7 +21,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 
 int32_t Sampler::sample(std::span<const float> logits, SamplingScratch& scratch) {
   const int32_t best = argmax(logits);
-  if (params_.temperature == 0.f || params_.top_k == 1) return best;
+  if (greedy()) return best;
   // Weights exp((logit - top) / T) of the candidates: the top-k (all without top_k), cut to the
   // smallest prefix in descending order whose weight reaches top_p of their total. Only what the
   // cuts need is sorted: a 32k vocabulary sorted whole took ~3 ms a token.

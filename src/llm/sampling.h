@@ -32,6 +32,8 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   int32_t sample(std::span<const float> logits, SamplingScratch& scratch);
+  // Sampling is the argmax (temperature 0 or top_k 1): it draws nothing from the generator.
+  bool greedy() const { return params_.temperature == 0.f || params_.top_k == 1; }
 
  private:
   SamplingParams params_;

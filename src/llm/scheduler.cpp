@@ -158,10 +158,18 @@ bool Scheduler::step_once() {
   }
 
   const int64_t vocab = engine_.config().vocab_size;
-  // Reused across steps: [batch, vocab] floats (2 MB at batch 16 of a 32k vocabulary).
-  step_logits_.resize(batch.size() * vocab);
-  const std::span<float> logits(step_logits_);
-  engine_.step(seqs, chunks, logits);
+  // When every row is greedy the engine picks the tokens itself (on the GPU, for the CUDA
+  // engine): no logits come back and nothing is sampled here.
+  const bool all_greedy = std::ranges::all_of(batch, [](const Active* a) { return a->sampler.greedy(); });
+  std::vector<int32_t> tokens(batch.size());
+  if (all_greedy) {
+    engine_.step_greedy(seqs, chunks, tokens);
+  } else {
+    // Reused across steps: [batch, vocab] floats (2 MB at batch 16 of a 32k vocabulary).
+    step_logits_.resize(batch.size() * vocab);
+    engine_.step(seqs, chunks, step_logits_);
+  }
+  const std::span<const float> logits(step_logits_);
 
   std::lock_guard lock(mutex_);
   ++metrics_.steps;
@@ -177,22 +185,22 @@ bool Scheduler::step_once() {
       if (a.prefilling()) continue;  // more prompt to feed: no token yet
     }
     sampled.push_back(i);
-    weighed += a.request.sampling.temperature > 0.f && a.request.sampling.top_k != 1;
+    weighed += !a.sampler.greedy();
   }
-  std::vector<int32_t> tokens(batch.size());
   constexpr size_t kRowsPerThread = 4;  // below this a thread's start costs more than it saves
   const int64_t threads = std::max(1, std::min(options_.sampling_threads, int(weighed / kRowsPerThread)));
   const int64_t rows = static_cast<int64_t>(sampled.size());
   if (sampling_scratch_.size() < size_t(threads)) sampling_scratch_.resize(threads);
   // Part p of the rows is sampled with scratch p, whichever thread runs it.
-  kernels::parallel_for(threads, static_cast<int>(threads), [&](int64_t begin, int64_t end) {
-    for (int64_t part = begin; part < end; ++part)
-      for (int64_t r = rows * part / threads; r < rows * (part + 1) / threads; ++r) {
-        const size_t i = sampled[size_t(r)];
-        tokens[i] = batch[i]->sampler.sample(std::span<const float>(logits).subspan(i * vocab, vocab),
-                                             sampling_scratch_[size_t(part)]);
-      }
-  });
+  if (!all_greedy) {
+    kernels::parallel_for(threads, static_cast<int>(threads), [&](int64_t begin, int64_t end) {
+      for (int64_t part = begin; part < end; ++part)
+        for (int64_t r = rows * part / threads; r < rows * (part + 1) / threads; ++r) {
+          const size_t i = sampled[size_t(r)];
+          tokens[i] = batch[i]->sampler.sample(logits.subspan(i * vocab, vocab), sampling_scratch_[size_t(part)]);
+        }
+    });
+  }
 
   const auto& eos = engine_.config().eos_token_ids;
   for (const size_t i : sampled) {

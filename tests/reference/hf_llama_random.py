@@ -7,8 +7,8 @@ CudaEngine.RandomSevenBCheckpointMatchesTransformers. Run on the GPU machine:
     GPULAB_HF_REFERENCE_DIR=/tmp/llama7b-random ctest --test-dir build-device -R RandomSevenB --output-on-failure
 
 DIR gets config.json, model-*.safetensors (+ index) and reference.safetensors holding `ids`
-(int32 [T]) and `logits` (float32 [T, vocab]) of every position, computed in float32 from the
-bf16 weights as written.
+(int32 [T]), `logits` (float32 [T, vocab]) of every position, computed in float32 from the bf16
+weights as written, and `logits_bf16`, transformers' own bf16 forward of the same.
 """
 import argparse
 import os
@@ -23,13 +23,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init-std", type=float, default=0.02, help="transformers' initializer_range")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
     config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
                                       max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
-                                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+                                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+                                      initializer_range=args.init_std)
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM._from_config(config, torch_dtype=torch.bfloat16).eval()
     os.makedirs(args.out, exist_ok=True)
@@ -37,11 +39,14 @@ def main():
 
     g = torch.Generator(device="cuda").manual_seed(args.seed + 1)
     ids = torch.randint(3, config.vocab_size, (1, args.tokens), generator=g, device="cuda")
+    with torch.inference_mode():  # transformers' own bf16 forward: what bf16 rounding costs it
+        logits_bf16 = model(input_ids=ids).logits[0].float().contiguous()
     model = model.float()  # float32 math over the bf16 values just written
     torch.backends.cuda.matmul.allow_tf32 = False
     with torch.inference_mode():
         logits = model(input_ids=ids).logits[0].float().contiguous()
-    save_file({"ids": ids[0].to(torch.int32).cpu().contiguous(), "logits": logits.cpu()},
+    save_file({"ids": ids[0].to(torch.int32).cpu().contiguous(), "logits": logits.cpu(),
+               "logits_bf16": logits_bf16.cpu()},
               os.path.join(args.out, "reference.safetensors"))
     print(f"wrote {args.out}: {args.tokens} tokens, logits {tuple(logits.shape)}")
 
