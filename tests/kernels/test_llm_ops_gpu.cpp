@@ -125,26 +125,29 @@ TEST(KernelsLlmGpu, SiluMulAndBiasAdd) {
 TEST(KernelsLlmGpu, ArgmaxFirstOfTies) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(15);
-  const int64_t rows = 6, cols = 32000;
-  for (DType dt : kActivationTypes) {
-    std::vector<float> x = uniform(rows * cols, rng, -10, 10);
-    std::vector<int32_t> planted(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      planted[r] = std::uniform_int_distribution<int32_t>(0, cols - 2)(rng);
-      x[r * cols + planted[r]] = 20.f;
-      x[r * cols + cols - 1] = 20.f;  // a tie later in the row: the first index wins
+  const int64_t rows = 6;
+  // 32000: rows of whole 16-byte pieces, read packed; 32003: element by element.
+  for (const int64_t cols : {32000, 32003}) {
+    for (DType dt : kActivationTypes) {
+      std::vector<float> x = uniform(rows * cols, rng, -10, 10);
+      std::vector<int32_t> planted(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        planted[r] = std::uniform_int_distribution<int32_t>(0, cols - 2)(rng);
+        x[r * cols + planted[r]] = 20.f;
+        x[r * cols + cols - 1] = 20.f;  // a tie later in the row: the first index wins
+      }
+      x[0] = 20.f;  // row 0: the very first element wins
+      planted[0] = 0;
+      DeviceTensor d_x(x, dt);
+      core::DeviceBuffer<int32_t> out(rows);
+      GPULAB_CHECK(cudaMemset(out.get(), 0xFF, rows * 4));
+      argmax(out.get(), d_x.get(), rows, cols, dt, nullptr);
+      std::vector<int32_t> got(rows), want(rows);
+      GPULAB_CHECK(cudaMemcpy(got.data(), out.get(), rows * 4, cudaMemcpyDeviceToHost));
+      argmax_ref(want.data(), d_x.host.data(), rows, cols);
+      EXPECT_EQ(got, want) << dtype_label(dt) << ", " << cols << " columns";
+      EXPECT_EQ(got, planted) << dtype_label(dt) << ", " << cols << " columns";
     }
-    x[0] = 20.f;  // row 0: the very first element wins
-    planted[0] = 0;
-    DeviceTensor d_x(x, dt);
-    core::DeviceBuffer<int32_t> out(rows);
-    GPULAB_CHECK(cudaMemset(out.get(), 0xFF, rows * 4));
-    argmax(out.get(), d_x.get(), rows, cols, dt, nullptr);
-    std::vector<int32_t> got(rows), want(rows);
-    GPULAB_CHECK(cudaMemcpy(got.data(), out.get(), rows * 4, cudaMemcpyDeviceToHost));
-    argmax_ref(want.data(), d_x.host.data(), rows, cols);
-    EXPECT_EQ(got, want) << dtype_label(dt);
-    EXPECT_EQ(got, planted) << dtype_label(dt);
   }
 }
 

@@ -111,9 +111,10 @@ TEST_P(CudaEngineFixture, LogitsMatchTransformersFp32) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngineFixture, ::testing::Values("llama_tiny", "llama_tiny_sharded"));
 
-// A random LLaMA-2-7B-shape checkpoint that transformers wrote, with the float32 logits and
-// transformers' own bf16 logits of its forward, made on the GPU machine by
-// tests/reference/hf_llama_random.py (GPULAB_HF_REFERENCE_DIR names it).
+// A random LLaMA-2-7B-shape checkpoint that transformers wrote, with the logits transformers
+// computes in float64 and its own bf16 forward's, made on the GPU machine by
+// tests/reference/hf_llama_random.py (GPULAB_HF_REFERENCE_DIR names it; its docstring says why
+// the init std is 0.01).
 struct HfReference {
   std::vector<int32_t> ids;
   std::vector<float> logits, logits_bf16;
@@ -136,7 +137,7 @@ std::optional<HfReference> hf_reference() {
   return ref;
 }
 
-// The model definition at the 7B shape: our float32 CPU reference against transformers' float32,
+// The model definition at the 7B shape: our float32 CPU reference against transformers' float64,
 // at the bar the fixtures hold it to. What is left between the CUDA engine and transformers is
 // then bf16 rounding, measured against transformers' own bf16 forward below.
 TEST(CudaEngine, RandomSevenBCheckpointCpuReferenceMatchesTransformers) {
@@ -151,11 +152,16 @@ TEST(CudaEngine, RandomSevenBCheckpointCpuReferenceMatchesTransformers) {
     max_ref = std::max(max_ref, std::abs(ref->logits[i]));
   }
   const Agreement a = compare_logits(got, ref->logits, model.config().vocab_size);
-  std::printf("random 7B checkpoint, CPU float32 vs transformers fp32: max abs %.3e of max |logit| %.3f, rel L2 "
+  std::printf("random 7B checkpoint, CPU float32 vs transformers float64: max abs %.3e of max |logit| %.3f, rel L2 "
               "%.2e, top-1 %lld/%lld\n", max_err, max_ref, a.rel_l2, (long long)a.top1_agree, (long long)a.rows);
   EXPECT_LE(max_err, 1e-3f * max_ref);
 }
 
+// The bar (relative L2 2e-2) and, since a random model's top two logits are often
+// closer than bf16 rounding moves them (transformers' own bf16 forward flipped 3 of 64 against
+// float32 in session 7),
+// each top-1 disagreement must be a near tie, as on the fixtures, and the engine must be no
+// further from float64 than transformers' bf16 forward is.
 TEST(CudaEngine, RandomSevenBCheckpointMatchesTransformers) {
   GPULAB_REQUIRE_GPU();
   const std::optional<HfReference> ref = hf_reference();
@@ -166,19 +172,20 @@ TEST(CudaEngine, RandomSevenBCheckpointMatchesTransformers) {
   const std::vector<float> got = engine.logits(ref->ids);
   const Agreement a = compare_logits(got, ref->logits, V);
   const Agreement t = compare_logits(ref->logits_bf16, ref->logits, V);
-  std::printf("random 7B checkpoint vs transformers fp32: rel L2 %.2e, top-1 %lld/%lld (transformers bf16: rel L2 "
-              "%.2e, top-1 %lld/%lld)\n", a.rel_l2, (long long)a.top1_agree, (long long)a.rows, t.rel_l2,
+  std::printf("random 7B checkpoint vs transformers float64: rel L2 %.2e, top-1 %lld/%lld (transformers bf16: rel "
+              "L2 %.2e, top-1 %lld/%lld)\n", a.rel_l2, (long long)a.top1_agree, (long long)a.rows, t.rel_l2,
               (long long)t.top1_agree, (long long)t.rows);
   for (int64_t r = 0; r < a.rows; ++r) {
     const float* want = ref->logits.data() + r * V;
-    const int64_t mine = top1(got.data() + r * V, V), fp32 = top1(want, V);
-    if (mine != fp32)
-      std::printf("  position %lld: engine %lld, float32 %lld (margin %.4f of %.4f), transformers bf16 %lld\n",
-                  (long long)r, (long long)mine, (long long)fp32, fp32_gap(want, V, mine), want[fp32],
-                  (long long)top1(ref->logits_bf16.data() + r * V, V));
+    const int64_t mine = top1(got.data() + r * V, V), exact = top1(want, V);
+    if (mine == exact) continue;
+    std::printf("  position %lld: engine %lld, float64 %lld (margin %.4f of %.4f), transformers bf16 %lld\n",
+                (long long)r, (long long)mine, (long long)exact, fp32_gap(want, V, mine), want[exact],
+                (long long)top1(ref->logits_bf16.data() + r * V, V));
+    EXPECT_TRUE(near_tie(want, V, mine)) << "position " << r << ": not a near tie";
   }
   EXPECT_LE(a.rel_l2, 2e-2);
-  EXPECT_GE(a.top1_agree, static_cast<int64_t>(std::ceil(0.98 * static_cast<double>(a.rows))));
+  EXPECT_LE(a.rel_l2, t.rel_l2);
 }
 
 // The sharded checkpoint holds the same bytes as the single file: the engine's logits must be

@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
 """Writes a random LLaMA checkpoint with transformers (seeded, bf16 safetensors, LLaMA-2-7B shape by
-default) and the float32 logits transformers computes for a fixed prompt, for the gpu test
-CudaEngine.RandomSevenBCheckpointMatchesTransformers. Run on the GPU machine:
+default) and the logits transformers computes for a fixed prompt, for the gpu tests
+CudaEngine.RandomSevenBCheckpoint*. Run on the GPU machine:
 
     python3 tests/reference/hf_llama_random.py --out /tmp/llama7b-random
     GPULAB_HF_REFERENCE_DIR=/tmp/llama7b-random ctest --test-dir build-device -R RandomSevenB --output-on-failure
 
 DIR gets config.json, model-*.safetensors (+ index) and reference.safetensors holding `ids`
-(int32 [T]), `logits` (float32 [T, vocab]) of every position, computed in float32 from the bf16
-weights as written, and `logits_bf16`, transformers' own bf16 forward of the same.
+(int32 [T]), `logits` (float32 [T, vocab]) of every position, computed by transformers in float64
+on the CPU from the bf16 weights as written (on the GPU, float32 may go through TF32 or other
+reduced-precision kernels), and `logits_bf16`, transformers' own bf16 forward on the GPU.
+
+The init std (transformers' initializer_range) is 0.01, not transformers' 0.02: at 0.02 a random
+model of this depth is chaotic. Session 7 measured on the H200 (1e-6 relative input change → logit
+change): amplification 16.8 at 0.02, 3.4 at 0.01; transformers' own bf16 forward then lands 5.9 %
+and 1.55 % from float32. A trained model is not chaotic, and at 0.02 even two float32
+implementations differ by several percent, so the comparison would measure the chaos, not the code.
 """
 import argparse
 import os
@@ -23,7 +30,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--init-std", type=float, default=0.02, help="transformers' initializer_range")
+    ap.add_argument("--init-std", type=float, default=0.01, help="transformers' initializer_range")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -33,22 +40,20 @@ def main():
                                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                                       initializer_range=args.init_std)
     with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM._from_config(config, torch_dtype=torch.bfloat16).eval()
+        model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True, max_shard_size="5GB")
 
     g = torch.Generator(device="cuda").manual_seed(args.seed + 1)
     ids = torch.randint(3, config.vocab_size, (1, args.tokens), generator=g, device="cuda")
     with torch.inference_mode():  # transformers' own bf16 forward: what bf16 rounding costs it
-        logits_bf16 = model(input_ids=ids).logits[0].float().contiguous()
-    model = model.float()  # float32 math over the bf16 values just written
-    torch.backends.cuda.matmul.allow_tf32 = False
+        logits_bf16 = model(input_ids=ids).logits[0].float().cpu().contiguous()
+    model = model.to("cpu", torch.float64)  # float64 math over the bf16 values just written
     with torch.inference_mode():
-        logits = model(input_ids=ids).logits[0].float().contiguous()
-    save_file({"ids": ids[0].to(torch.int32).cpu().contiguous(), "logits": logits.cpu(),
-               "logits_bf16": logits_bf16.cpu()},
+        logits = model(input_ids=ids.cpu()).logits[0].float().contiguous()
+    save_file({"ids": ids[0].to(torch.int32).cpu().contiguous(), "logits": logits, "logits_bf16": logits_bf16},
               os.path.join(args.out, "reference.safetensors"))
-    print(f"wrote {args.out}: {args.tokens} tokens, logits {tuple(logits.shape)}")
+    print(f"wrote {args.out}: {args.tokens} tokens, logits {tuple(logits.shape)}, init std {args.init_std}")
 
 
 if __name__ == "__main__":
