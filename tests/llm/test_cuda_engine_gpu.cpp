@@ -159,9 +159,8 @@ TEST(CudaEngine, RandomSevenBCheckpointCpuReferenceMatchesTransformers) {
 
 // The bar (relative L2 2e-2) and, since a random model's top two logits are often
 // closer than bf16 rounding moves them (transformers' own bf16 forward flipped 3 of 64 against
-// float32 in session 7),
-// each top-1 disagreement must be a near tie, as on the fixtures, and the engine must be no
-// further from float64 than transformers' bf16 forward is.
+// float32 in session 7), each top-1 disagreement must be a near tie, as on the fixtures, and
+// the engine must be no further from float64 than transformers' bf16 forward is.
 TEST(CudaEngine, RandomSevenBCheckpointMatchesTransformers) {
   GPULAB_REQUIRE_GPU();
   const std::optional<HfReference> ref = hf_reference();
