@@ -6,6 +6,7 @@
 #include <random>
 
 #include "blas/matmul.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
@@ -200,10 +201,17 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
       if (!id) throw core::InputError("bench llm: the KV cache has no room for batch " + std::to_string(batch));
       seqs.push_back(*id);
     }
-    // Greedy, each step's tokens picked by the engine (on the GPU) and fed back as the next chunks.
+    // Greedy, each step's tokens picked by the engine (on the GPU) and fed back as the next
+    // chunks. GPULAB_GPU_GREEDY=0 picks them on the host from the logits instead (the Engine
+    // default, what every step did before session 7), for an A/B.
     std::vector<int32_t> tokens(batch);
     std::vector<std::span<const int32_t>> next(batch);
     for (int64_t i = 0; i < batch; ++i) next[i] = std::span<const int32_t>(&tokens[i], 1);
+    const bool on_host = core::env_switch("GPULAB_GPU_GREEDY") == false;
+    const auto step = [&](std::span<const std::span<const int32_t>> in) {
+      if (on_host) engine->Engine::step_greedy(seqs, in, tokens);
+      else engine->step_greedy(seqs, in, tokens);  // reads this step's chunks before writing its tokens
+    };
 
     DecodeFigures f;
     f.batch = batch;
@@ -211,12 +219,12 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     if (s.tp > 1) f.all_reduce = residual_wants_symmetric_memory(s.cuda) ? "symmetric" : "plain";
     std::vector<std::span<const int32_t>> chunks(prompts.begin(), prompts.end());
     auto t0 = Clock::now();
-    engine->step_greedy(seqs, chunks, tokens);
+    step(chunks);
     f.ttft_ms = ms_since(t0);
     std::vector<double> steps;
     for (int64_t t = 1; t < o.output; ++t) {
       t0 = Clock::now();
-      engine->step_greedy(seqs, next, tokens);  // reads this step's chunks before writing its tokens
+      step(next);
       steps.push_back(ms_since(t0));
     }
     for (SeqId id : seqs) engine->close(id);

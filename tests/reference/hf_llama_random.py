@@ -43,6 +43,10 @@ def main():
         model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True, max_shard_size="5GB")
+    # Loaded back as a user loads a checkpoint (and as the fixtures were made): from_pretrained in
+    # bf16 holds RoPE's inverse frequencies in bf16, which a model built in place does not.
+    del model
+    model = transformers.LlamaForCausalLM.from_pretrained(args.out, dtype=torch.bfloat16, device_map="cuda").eval()
 
     g = torch.Generator(device="cuda").manual_seed(args.seed + 1)
     ids = torch.randint(3, config.vocab_size, (1, args.tokens), generator=g, device="cuda")
