@@ -8,13 +8,13 @@ CudaEngine.RandomSevenBCheckpoint*. Run on the GPU machine:
 
 DIR gets config.json, model-*.safetensors (+ index) and reference.safetensors holding `ids`
 (int32 [T]), `logits` (float32 [T, vocab]) of every position, computed by transformers in float64
-on the CPU from the bf16 weights as written (on the GPU, float32 may go through TF32 or other
-reduced-precision kernels), and `logits_bf16`, transformers' own bf16 forward on the GPU.
+on the CPU from the bf16 weights as written, and `logits_bf16`, transformers' own bf16 forward on
+the GPU.
 
 The init std (transformers' initializer_range) is 0.01, not transformers' 0.02: at 0.02 a random
-model of this depth is chaotic. Session 7 measured on the H200 (1e-6 relative input change → logit
-change): amplification 16.8 at 0.02, 3.4 at 0.01; transformers' own bf16 forward then lands 5.9 %
-and 1.55 % from float32. A trained model is not chaotic, and at 0.02 even two float32
+model of this depth is chaotic (hf_llama_sensitivity.py measures it; session 7 on the H200: a 1e-6
+relative input change grows 16.8x at 0.02, 3.4x at 0.01, and transformers' own bf16 forward lands
+5.9 % and 1.55 % from float32). A trained model is not chaotic; at 0.02 even two float32
 implementations differ by several percent, so the comparison would measure the chaos, not the code.
 """
 import argparse
@@ -43,8 +43,7 @@ def main():
         model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True, max_shard_size="5GB")
-    # Loaded back as a user loads a checkpoint (and as the fixtures were made): from_pretrained in
-    # bf16 holds RoPE's inverse frequencies in bf16, which a model built in place does not.
+    # Loaded back as users load a checkpoint and as the fixtures were made (from_pretrained in bf16).
     del model
     model = transformers.LlamaForCausalLM.from_pretrained(args.out, dtype=torch.bfloat16, device_map="cuda").eval()
 
