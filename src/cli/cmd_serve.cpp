@@ -21,6 +21,7 @@ struct ServeOptions {
   int port = 8000;
   std::string served_name;
   int64_t prefill_chunk = 512;
+  int64_t step_prefill_tokens = 2048;
   std::string api_key;
   int64_t max_prompt_tokens = 0;
   size_t max_body_bytes = 8 << 20;
@@ -39,7 +40,10 @@ int run_serve(const ServeOptions& opt) {
   const llm::Tokenizer tokenizer = load_tokenizer(opt.model);
   const llm::WeightSource weights = load_weights(opt.model);
   auto engine = llm::make_engine(weights, opt.model.engine);
-  llm::Scheduler scheduler(*engine, tokenizer, {opt.model.engine.cuda.max_batch, opt.prefill_chunk});
+  llm::Scheduler scheduler(*engine, tokenizer,
+                           {.max_batch = opt.model.engine.cuda.max_batch,
+                            .prefill_chunk = opt.prefill_chunk,
+                            .step_prefill_tokens = opt.step_prefill_tokens});
   scheduler.start();
 
   llm::ServerOptions server_options;
@@ -84,6 +88,11 @@ void add_serve_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   sub->add_option("--served-model-name", opt->served_name, "Model name clients use (default: the model folder's name)");
   sub->add_option("--prefill-chunk", opt->prefill_chunk, "Prompt tokens a request feeds per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--step-prefill-tokens", opt->step_prefill_tokens,
+                  "Prompt tokens all requests feed in one step together (whole chunks, at least one): "
+                  "bounds a step, so streams already decoding keep their pace while long prompts arrive")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--api-key", opt->api_key,

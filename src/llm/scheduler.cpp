@@ -62,6 +62,8 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, SchedulerOption
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
     : engine_(engine), tokenizer_(nullptr), options_(options) {
+  if (options_.max_batch < 1 || options_.prefill_chunk < 1 || options_.step_prefill_tokens < 1)
+    throw core::InputError("max batch, prefill chunk and step prefill tokens must be at least 1");
   options_.max_batch = std::min(options_.max_batch, engine.max_batch());
   if (options_.sampling_threads <= 0)
     options_.sampling_threads = std::clamp(int(std::thread::hardware_concurrency()) / 2, 1, 8);
@@ -143,10 +145,15 @@ bool Scheduler::step_once() {
     std::erase_if(waiting_, [](const auto& a) { return a->done; });
     admit();
     if (running_.empty()) return false;
+    // A chunk's size never depends on the other requests (so neither do its results): the
+    // budget only decides whether a request's next chunk runs in this step or a later one.
+    int64_t prompt_tokens = 0;
     for (auto& a : running_) {
       std::span<const int32_t> chunk;
       if (a->prefilling()) {
         const int64_t n = std::min<int64_t>(options_.prefill_chunk, a->request.prompt.size() - a->prompt_fed);
+        if (prompt_tokens > 0 && prompt_tokens + n > options_.step_prefill_tokens) continue;
+        prompt_tokens += n;
         chunk = std::span<const int32_t>(a->request.prompt).subspan(a->prompt_fed, n);
       } else {
         chunk = std::span<const int32_t>(&a->generated.back(), 1);

@@ -49,6 +49,10 @@ struct GenerationRequest {
 struct SchedulerOptions {
   int64_t max_batch = 64;        // capped by the engine's
   int64_t prefill_chunk = 512;   // prompt tokens a sequence feeds per step
+  // Prompt tokens all requests feed in one step together: whole chunks in admission order while
+  // the budget lasts (the first always runs). It bounds a step's time, so requests already
+  // decoding keep their pace while long prompts arrive (vLLM's chunked-prefill token budget).
+  int64_t step_prefill_tokens = 2048;
   int sampling_threads = 0;      // most threads sampling a step's rows; 0: half the cores, at most 8
 };
 

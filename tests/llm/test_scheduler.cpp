@@ -36,9 +36,12 @@ class CountingEngine final : public Engine {
   }
   void step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks, std::span<float> logits) override {
     max_step = std::max<int64_t>(max_step, seqs.size());
+    int64_t prompt_tokens = 0;  // chunks of one token count as decodes
+    for (const auto& c : chunks) prompt_tokens += c.size() > 1 ? static_cast<int64_t>(c.size()) : 0;
+    max_step_prompt_tokens = std::max(max_step_prompt_tokens, prompt_tokens);
     inner_->step(seqs, chunks, logits);
   }
-  int64_t open_now = 0, max_open = 0, max_step = 0;
+  int64_t open_now = 0, max_open = 0, max_step = 0, max_step_prompt_tokens = 0;
 
  private:
   std::unique_ptr<Engine> inner_;
@@ -74,6 +77,21 @@ TEST(Scheduler, BatchedChunkedGreedyEqualsTransformers) {
     EXPECT_EQ(h.engine.max_step, static_cast<int64_t>(cases.size()));  // all ran in one batch
     EXPECT_EQ(h.engine.kv_free_tokens(), 4096);                           // every sequence released
   }
+}
+
+// A step's prompt-token budget delays chunks but never resizes them: every request still gets
+// the fixture's continuation, and no step feeds more than the budget.
+TEST(Scheduler, StepPrefillBudgetBoundsEachStepAndChangesNoToken) {
+  const auto cases = llm::testing::load_fixture_cases("llama_tiny");
+  Harness h(4096);
+  Scheduler scheduler(h.engine, h.tokenizer, {.prefill_chunk = 3, .step_prefill_tokens = 7});
+  std::vector<std::vector<int32_t>> got(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) scheduler.submit(greedy_request(cases[i].ids, 24, &got[i]));
+  scheduler.run_until_idle();
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(got[i], cases[i].greedy) << "case " << i;
+  EXPECT_LE(h.engine.max_step_prompt_tokens, 7);
+  EXPECT_GE(h.engine.max_step_prompt_tokens, 6);  // steps did carry several requests' chunks
+  EXPECT_THROW(Scheduler(h.engine, h.tokenizer, {.step_prefill_tokens = 0}), core::InputError);
 }
 
 TEST(Scheduler, RequestsWaitForKvRoomAndAllFinish) {
@@ -169,7 +187,7 @@ TEST(Scheduler, SampledTokensDoNotDependOnHowManyThreadsSample) {
   const auto cases = llm::testing::load_fixture_cases("llama_tiny");
   auto run = [&](int threads) {
     Harness h(8192);
-    Scheduler scheduler(h.engine, h.tokenizer, {64, 512, threads});
+    Scheduler scheduler(h.engine, h.tokenizer, {.max_batch = 64, .prefill_chunk = 512, .sampling_threads = threads});
     std::vector<std::vector<int32_t>> got(12);
     for (size_t i = 0; i < got.size(); ++i) {
       auto r = greedy_request(cases[i % cases.size()].ids, 16, &got[i]);
