@@ -685,11 +685,11 @@ struct CudaEngine::Impl {
     s.blocks.assign(free_blocks.end() - need, free_blocks.end());
     const std::vector<int32_t> ids = {0, 0};
     std::vector<float> out(cfg.vocab_size);
-    forward({{&s, std::span(ids)}}, {out.data()}, false);                 // a prefill chunk
+    forward({{&s, std::span(ids)}}, {out.data()}, false);           // a prefill chunk
     // The decode step's GEMMs (every step has their shapes) are worth timing cuBLASLt's
     // candidates for once; prefill shapes change with each prompt, so they keep the heuristic's.
     blas->set_autotune(kDecodeGemmCandidates);
-    forward({{&s, std::span(ids).first(1)}}, {out.data()}, false);        // a decode step (captured)
+    forward({{&s, std::span(ids).first(1)}}, {out.data()}, false);  // a decode step (captured)
     blas->set_autotune(0);
   }
 
