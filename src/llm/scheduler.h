@@ -1,6 +1,6 @@
-// Continuous batching: requests join and leave the running batch at any step. Each step carries,
-// for every running request, either its next prompt chunk (long prompts are prefilled in chunks)
-// or its last sampled token. A request is admitted when the engine has KV room for its prompt
+// Continuous batching: requests join and leave the running batch at any step. Each step carries
+// every running request's last sampled token, and the next prompt chunks (long prompts are
+// prefilled in chunks) of as many requests as the step's prompt-token budget allows. A request is admitted when the engine has KV room for its prompt
 // plus max_new_tokens; until then it waits in the queue.
 #pragma once
 
