@@ -52,7 +52,7 @@ def main():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(**SHAPES[args.config], bos_token_id=1, eos_token_id=2, pad_token_id=0)
     with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM._from_config(config, torch_dtype=torch.bfloat16).eval()
+        model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
     gpu = torch.cuda.get_device_name(0)
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
