@@ -923,9 +923,10 @@ void CudaEngine::Impl::step(std::span<const SeqId> seqs, std::span<const std::sp
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (chunks[i].size() == 1) continue;
     Sequence& s = sequence(seqs[i]);
-    for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(max_tokens)) {  // the last pass's row stays
+    for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(max_tokens)) {
       const size_t n = std::min(chunks[i].size() - t0, static_cast<size_t>(max_tokens));
-      forward({{&s, chunks[i].subspan(t0, n)}}, row(out, i), false);
+      const bool last = t0 + n == chunks[i].size();  // only the chunk's last token has a result
+      forward({{&s, chunks[i].subspan(t0, n)}}, last ? row(out, i) : StepOutput{}, false);
     }
   }
 }

@@ -176,7 +176,6 @@ bool Scheduler::step_once() {
     step_logits_.resize(batch.size() * vocab);
     engine_.step(seqs, chunks, step_logits_);
   }
-  const std::span<const float> logits(step_logits_);
 
   std::lock_guard lock(mutex_);
   ++metrics_.steps;
@@ -194,12 +193,13 @@ bool Scheduler::step_once() {
     sampled.push_back(i);
     weighed += !a.sampler.greedy();
   }
-  constexpr size_t kRowsPerThread = 4;  // below this a thread's start costs more than it saves
-  const int64_t threads = std::max(1, std::min(options_.sampling_threads, int(weighed / kRowsPerThread)));
-  const int64_t rows = static_cast<int64_t>(sampled.size());
-  if (sampling_scratch_.size() < size_t(threads)) sampling_scratch_.resize(threads);
-  // Part p of the rows is sampled with scratch p, whichever thread runs it.
   if (!all_greedy) {
+    constexpr size_t kRowsPerThread = 4;  // below this a thread's start costs more than it saves
+    const int64_t threads = std::max(1, std::min(options_.sampling_threads, int(weighed / kRowsPerThread)));
+    const int64_t rows = static_cast<int64_t>(sampled.size());
+    const std::span<const float> logits(step_logits_);
+    if (sampling_scratch_.size() < size_t(threads)) sampling_scratch_.resize(threads);
+    // Part p of the rows is sampled with scratch p, whichever thread runs it.
     kernels::parallel_for(threads, static_cast<int>(threads), [&](int64_t begin, int64_t end) {
       for (int64_t part = begin; part < end; ++part)
         for (int64_t r = rows * part / threads; r < rows * (part + 1) / threads; ++r) {

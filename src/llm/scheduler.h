@@ -1,7 +1,8 @@
 // Continuous batching: requests join and leave the running batch at any step. Each step carries
 // every running request's last sampled token, and the next prompt chunks (long prompts are
-// prefilled in chunks) of as many requests as the step's prompt-token budget allows. A request is admitted when the engine has KV room for its prompt
-// plus max_new_tokens; until then it waits in the queue.
+// prefilled in chunks) of as many requests as the step's prompt-token budget allows. A request
+// is admitted when the engine has KV room for its prompt plus max_new_tokens; until then it
+// waits in the queue.
 #pragma once
 
 #include <atomic>
