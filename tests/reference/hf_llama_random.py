@@ -8,8 +8,9 @@ CudaEngine.RandomSevenBCheckpoint*. Run on the GPU machine:
 
 DIR gets config.json, model-*.safetensors (+ index) and reference.safetensors holding `ids`
 (int32 [T]), `logits` (float32 [T, vocab]) of every position, computed by transformers in float64
-on the CPU from the bf16 weights as written, and `logits_bf16`, transformers' own bf16 forward on
-the GPU.
+on the CPU from the bf16 weights as written, `logits_fp32`, transformers' own float32 forward of the
+same weights (how far float32 arithmetic alone lands from float64 on this model), and
+`logits_bf16`, transformers' own bf16 forward on the GPU.
 
 The init std (transformers' initializer_range) is 0.01, not transformers' 0.02: at 0.02 a random
 model of this depth is chaotic (hf_llama_sensitivity.py measures it; session 7 on the H200: a 1e-6
@@ -24,6 +25,8 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+ROPE_THETA = 10000.0
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -36,7 +39,7 @@ def main():
     torch.manual_seed(args.seed)
     config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                                      max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+                                      max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=ROPE_THETA,
                                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                                       initializer_range=args.init_std)
     with torch.device("cuda"):
@@ -51,12 +54,22 @@ def main():
     ids = torch.randint(3, config.vocab_size, (1, args.tokens), generator=g, device="cuda")
     with torch.inference_mode():  # transformers' own bf16 forward: what bf16 rounding costs it
         logits_bf16 = model(input_ids=ids).logits[0].float().cpu().contiguous()
-    model = model.to("cpu", torch.float64)  # float64 math over the bf16 values just written
-    with torch.inference_mode():
-        logits = model(input_ids=ids.cpu()).logits[0].float().contiguous()
-    save_file({"ids": ids[0].to(torch.int32).cpu().contiguous(), "logits": logits, "logits_bf16": logits_bf16},
+    # RoPE frequencies as the loaded model holds them: bf16-rounded or not (the engines round them
+    # to the checkpoint's dtype, as the fixtures' transformers did).
+    inv_freq = model.model.rotary_emb.inv_freq.detach().float().cpu()
+    exact = 1.0 / (ROPE_THETA ** (torch.arange(0, inv_freq.numel() * 2, 2, dtype=torch.float32) / (inv_freq.numel() * 2)))
+    print(f"rotary inv_freq: dtype {model.model.rotary_emb.inv_freq.dtype}, max rel diff from float32 "
+          f"{((inv_freq - exact).abs() / exact).max():.3e}, from bf16-rounded "
+          f"{((inv_freq - exact.bfloat16().float()).abs() / exact).max():.3e}")
+    logits = {}
+    for dtype in (torch.float32, torch.float64):  # float math over the bf16 values just written
+        model = model.to("cpu", dtype)
+        with torch.inference_mode():
+            logits[dtype] = model(input_ids=ids.cpu()).logits[0].float().contiguous()
+    save_file({"ids": ids[0].to(torch.int32).cpu().contiguous(), "logits": logits[torch.float64],
+               "logits_fp32": logits[torch.float32], "logits_bf16": logits_bf16},
               os.path.join(args.out, "reference.safetensors"))
-    print(f"wrote {args.out}: {args.tokens} tokens, logits {tuple(logits.shape)}, init std {args.init_std}")
+    print(f"wrote {args.out}: {args.tokens} tokens, logits {tuple(logits[torch.float64].shape)}, init std {args.init_std}")
 
 
 if __name__ == "__main__":
