@@ -8,8 +8,9 @@ CudaEngine.RandomSevenBCheckpoint*. Run on the GPU machine:
 
 DIR gets config.json, model-*.safetensors (+ index) and reference.safetensors holding `ids`
 (int32 [T]), `logits` (float32 [T, vocab]) of every position, computed by transformers in float64
-on the CPU from the bf16 weights as written, `logits_fp32`, transformers' own float32 forward of the
-same weights (how far float32 arithmetic alone lands from float64 on this model), and
+on the CPU from the bf16 weights as written, `logits_bf16_rope`, the same with the RoPE frequencies
+rounded to bf16 (the fixtures' convention, which the engines follow; see below), `logits_fp32`,
+transformers' own float32 forward (how far float32 arithmetic alone lands from float64), and
 `logits_bf16`, transformers' own bf16 forward on the GPU.
 
 The init std (transformers' initializer_range) is 0.01, not transformers' 0.02: at 0.02 a random
@@ -54,22 +55,28 @@ def main():
     ids = torch.randint(3, config.vocab_size, (1, args.tokens), generator=g, device="cuda")
     with torch.inference_mode():  # transformers' own bf16 forward: what bf16 rounding costs it
         logits_bf16 = model(input_ids=ids).logits[0].float().cpu().contiguous()
-    # RoPE frequencies as the loaded model holds them: bf16-rounded or not (the engines round them
-    # to the checkpoint's dtype, as the fixtures' transformers did).
-    inv_freq = model.model.rotary_emb.inv_freq.detach().float().cpu()
-    exact = 1.0 / (ROPE_THETA ** (torch.arange(0, inv_freq.numel() * 2, 2, dtype=torch.float32) / (inv_freq.numel() * 2)))
-    print(f"rotary inv_freq: dtype {model.model.rotary_emb.inv_freq.dtype}, max rel diff from float32 "
-          f"{((inv_freq - exact).abs() / exact).max():.3e}, from bf16-rounded "
-          f"{((inv_freq - exact.bfloat16().float()).abs() / exact).max():.3e}")
+    # transformers 5's from_pretrained keeps the RoPE frequencies in float32; a model cast with
+    # .to(bf16), as the fixtures were made, holds them rounded to bf16. The engines follow the
+    # fixtures, so the float64 logits are also written with the rounded frequencies: the CPU test
+    # compares against those (a model-definition check), the CUDA test against the as-loaded ones.
+    rotary = model.model.rotary_emb
+    exact = 1.0 / (ROPE_THETA ** (torch.arange(0, rotary.inv_freq.numel() * 2, 2, dtype=torch.float32) / (rotary.inv_freq.numel() * 2)))
+    held = rotary.inv_freq.detach().float().cpu()
+    print(f"rotary inv_freq as loaded: dtype {rotary.inv_freq.dtype}, max rel diff from float32 "
+          f"{((held - exact).abs() / exact).max():.3e}, from bf16-rounded "
+          f"{((held - exact.bfloat16().float()).abs() / exact).max():.3e}")
     logits = {}
-    for dtype in (torch.float32, torch.float64):  # float math over the bf16 values just written
+    for name, dtype in (("logits_fp32", torch.float32), ("logits", torch.float64)):  # over the bf16 values written
         model = model.to("cpu", dtype)
         with torch.inference_mode():
-            logits[dtype] = model(input_ids=ids.cpu()).logits[0].float().contiguous()
-    save_file({"ids": ids[0].to(torch.int32).cpu().contiguous(), "logits": logits[torch.float64],
-               "logits_fp32": logits[torch.float32], "logits_bf16": logits_bf16},
+            logits[name] = model(input_ids=ids.cpu()).logits[0].float().contiguous()
+    rotary = model.model.rotary_emb
+    rotary.inv_freq.copy_(rotary.inv_freq.to(torch.bfloat16).to(rotary.inv_freq.dtype))
+    with torch.inference_mode():
+        logits["logits_bf16_rope"] = model(input_ids=ids.cpu()).logits[0].float().contiguous()
+    save_file({"ids": ids[0].to(torch.int32).cpu().contiguous(), "logits_bf16": logits_bf16, **logits},
               os.path.join(args.out, "reference.safetensors"))
-    print(f"wrote {args.out}: {args.tokens} tokens, logits {tuple(logits[torch.float64].shape)}, init std {args.init_std}")
+    print(f"wrote {args.out}: {args.tokens} tokens, logits {tuple(logits['logits'].shape)}, init std {args.init_std}")
 
 
 if __name__ == "__main__":
