@@ -4,7 +4,7 @@
 # and prints a summary table.
 #   scripts/compute_sanitizer.sh [--build DIR] [--tools "memcheck racecheck initcheck synccheck"]
 #                                [--only TEST_REGEX] [--exclude TEST_REGEX] [--jobs N]
-#                                [--timeout S] [--leak-check] [--kernels SUBSTRING]
+#                                [--timeout S] [--leak-check]
 # Each test runs alone (`exe --gtest_filter=Suite.Name`), so a slow test costs only its own run and
 # a timeout names the test. Runs are spread round-robin over the GPUs (those CUDA_VISIBLE_DEVICES
 # lists, else all), each run seeing one; a test that skips there (it needs several GPUs) runs
@@ -18,17 +18,11 @@
 # "Internal Sanitizer Error", as when runs beside it took the GPU's memory) are listed, not judged.
 # Runs share each GPU: the engine tests size their KV pools from free memory, so keep --jobs at
 # about 2 per GPU (session 7: 6 runs on one GPU failed 45 tests with out-of-memory).
-# --kernels checks only the kernels whose names hold SUBSTRING (compute-sanitizer's
-# --kernel-name kns=...), e.g. `--kernels gpulab` for the kernels we wrote, all of which live in
-# namespace gpulab: the others (cuBLASLt, cuDNN, NCCL) then run unchecked at full speed. Sound for
-# racecheck and synccheck, which judge one kernel at a time; not for initcheck, whose shadow
-# memory needs every writer checked, or memcheck, where it would leave library accesses unchecked.
 # Notes: the diagnose tests inject CUPTI into their child programs; compute-sanitizer also hooks
 # the CUDA driver, so test_trace_gpu results are only meaningful for tests that do not trace.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build-device tools="memcheck racecheck initcheck synccheck" only="" exclude="" jobs=4 timeout_s=600 leak_check=0
-kernels=""
 while (($#)); do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -38,7 +32,6 @@ while (($#)); do
     --jobs) jobs=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --leak-check) leak_check=1; shift ;;  # memcheck also reports device memory never freed
-    --kernels) kernels=$2; shift 2 ;;
     *) echo "compute_sanitizer.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -72,7 +65,6 @@ run_one() {
   local log=$out/${test//\//_}.$tool.log  # parameterized names hold '/'
   local args=(--tool "$tool" --error-exitcode 99 --print-limit 50 --target-processes all --report-api-errors no)
   [[ $tool == memcheck && $leak_check == 1 ]] && args+=(--leak-check full)
-  [[ -n $kernels ]] && args+=(--kernel-name "kns=$kernels")
   local start=$(date +%s) code errors note
   local devices
   IFS=, read -ra devices <<< "$device_list"
@@ -97,7 +89,7 @@ run_one() {
   printf '%-72s %-10s %5s %6s  %s\n' "$test" "$tool" "$code" "$(($(date +%s) - start))" "$note"
 }
 export -f run_one
-export out sanitizer timeout_s leak_check device_list kernels
+export out sanitizer timeout_s leak_check device_list
 
 summary=$out/summary.txt
 printf '%-72s %-10s %5s %6s  %s\n' test tool exit sec errors | tee "$summary"
