@@ -7,7 +7,10 @@
 #                        [--json FILE] [-- SERVER_ARGS...]
 # The duration is split into R rounds (default 2) on the same server; the first is the warm-up.
 # Defaults: 256 clients, 60 s, the CPU engine on the tiny fixture (tests/data/llama_tiny). On the GPU:
-#   scripts/load_test.sh --device cuda -- --config llama3-8b --dummy-weights --tokenizer tests/data/tokenizer_bytelevel
+#   scripts/load_test.sh --device cuda -- --config tests/data/llama3_8b_shape_test_vocab.json --dummy-weights \
+#     --tokenizer tests/data/tokenizer_bytelevel
+# (llama3-8b's shape over the test tokenizer's 1,024 ids: with llama3-8b's own 128k vocabulary,
+# fewer than 1 % of the ids random weights sample would have text to stream).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 clients=256 duration=60 rounds=2 device=cpu build=build json="" server_args=()

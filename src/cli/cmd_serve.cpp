@@ -39,6 +39,11 @@ int run_serve(const ServeOptions& opt) {
 
   const llm::Tokenizer tokenizer = load_tokenizer(opt.model);
   const llm::WeightSource weights = load_weights(opt.model);
+  // A small test tokenizer over a full-size dummy vocabulary leaves most sampled ids without
+  // text, so streams carry little of what is generated.
+  if (const int64_t covered = tokenizer.vocab_size(), ids = weights.config().vocab_size; covered < ids / 2)
+    core::log_warn("gpulab serve: the tokenizer has text for ", covered, " of the model's ", ids,
+                   " token ids; the others decode to nothing");
   auto engine = llm::make_engine(weights, opt.model.engine);
   llm::Scheduler scheduler(*engine, tokenizer,
                            {.max_batch = opt.model.engine.cuda.max_batch,

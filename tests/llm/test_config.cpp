@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "llm/config.h"
 #include "llm/fixtures.h"
+#include "llm/tokenizer.h"
 
 namespace gpulab::llm {
 namespace {
@@ -212,6 +213,23 @@ TEST(LlmConfig, BuiltinShapesHaveThePublishedParameterCounts) {
   EXPECT_EQ(config_from_arg("llama3-8b").num_kv_heads, 8);
   EXPECT_EQ(config_from_arg((testing::fixture_dir("llama_tiny") / "config.json").string()).hidden_size, 128);
   EXPECT_THROW(config_from_arg("llama9-1b"), core::InputError);
+}
+
+// The GPU load test's model (scripts/load_test.sh): llama3-8b's shape over the test tokenizer's
+// vocabulary, so that every id dummy weights sample has text (or is a special token).
+TEST(LlmConfig, LoadTestConfigIsLlama3ShapeOverTheTestTokenizersVocabulary) {
+  const LlamaConfig load = config_from_arg((testing::fixture_dir("llama3_8b_shape_test_vocab.json")).string());
+  const LlamaConfig llama3 = builtin_config("llama3-8b");
+  EXPECT_EQ(load.hidden_size, llama3.hidden_size);
+  EXPECT_EQ(load.intermediate_size, llama3.intermediate_size);
+  EXPECT_EQ(load.num_layers, llama3.num_layers);
+  EXPECT_EQ(load.num_heads, llama3.num_heads);
+  EXPECT_EQ(load.num_kv_heads, llama3.num_kv_heads);
+  EXPECT_EQ(load.head_dim, llama3.head_dim);
+  EXPECT_EQ(load.rope.theta, llama3.rope.theta);
+  const int32_t tokens = Tokenizer::from_file(testing::fixture_dir("tokenizer_bytelevel")).vocab_size();
+  EXPECT_EQ(load.vocab_size, tokens);
+  EXPECT_EQ(load.eos_token_ids, (std::vector<int64_t>{1, 2}));  // <|end_of_text|>, <|eot_id|>
 }
 
 // The HF formulas written out again in double, independently of rope_inv_freq.
