@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Which (gpu test, compute-sanitizer tool) pairs have a clean run on record, and which do not.
+
+    scripts/sanitizer_coverage.py [--build DIR] [--results DIR]          # the table
+    scripts/sanitizer_coverage.py --left racecheck                        # an --only regex
+
+The tests are those `ctest -L gpu` lists in the build (--build, default build). The record is
+every `*sanitizer*.txt` in bench/results (--results): the summary tables
+scripts/compute_sanitizer.sh prints, one line per run: test, tool, exit status, seconds, errors.
+A run counts as clean only when it exited 0, reported no error and did not skip. Files named
+`*kernel-filter*` come from runs that checked only some kernels, and never count.
+
+With --left TOOL it prints, instead of the table, a regex of the tests without a clean TOOL run,
+for `scripts/compute_sanitizer.sh --tools TOOL --only "$(...)"`.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+TOOLS = ("memcheck", "synccheck", "initcheck", "racecheck")
+
+
+def gpu_tests(build):
+    listing = subprocess.run(["ctest", "--test-dir", build, "-L", "gpu", "--show-only=json-v1"],
+                             check=True, capture_output=True, text=True).stdout
+    names = []
+    for test in json.loads(listing)["tests"]:
+        for arg in test.get("command") or []:
+            if arg.startswith("--gtest_filter="):
+                names.append(arg.split("=", 1)[1])
+    return names
+
+
+def clean_runs(results):
+    clean = set()
+    for path in sorted(glob.glob(os.path.join(results, "*sanitizer*.txt"))):
+        if "kernel-filter" in os.path.basename(path):
+            continue
+        for line in open(path, encoding="utf-8"):
+            fields = line.split()
+            if len(fields) < 5 or fields[0] == "test" or fields[1] not in TOOLS:
+                continue
+            if fields[2] == "0" and fields[4] == "0" and "skipped" not in line:
+                clean.add((fields[0], fields[1]))
+    return clean
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "..", "bench", "results"))
+    ap.add_argument("--left", choices=TOOLS, help="print a regex of the tests without a clean run of this tool")
+    args = ap.parse_args()
+    tests = gpu_tests(args.build)
+    if not tests:
+        sys.exit(f"sanitizer_coverage.py: no gpu tests in {args.build}")
+    clean = clean_runs(args.results)
+    if args.left:
+        left = [t for t in tests if (t, args.left) not in clean]
+        print("^(" + "|".join(re.escape(t) for t in left) + ")$" if left else "^$")
+        return
+    print(f"{len(tests)} gpu tests")
+    print(f"{'tool':10} {'clean':>6} {'left':>6}")
+    for tool in TOOLS:
+        done = sum((t, tool) in clean for t in tests)
+        print(f"{tool:10} {done:6d} {len(tests) - done:6d}")
+
+
+if __name__ == "__main__":
+    main()
