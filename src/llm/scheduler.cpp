@@ -16,7 +16,9 @@ struct Scheduler::Active {
   SeqId seq = -1;
   int64_t prompt_fed = 0;        // prompt tokens already in the KV cache
   std::vector<int32_t> generated;
-  size_t text_emitted = 0;       // bytes of the generated text already passed to on_text
+  std::string text;              // the generated text so far (decoded a few tokens at a time)
+  Tokenizer::StreamState text_state;
+  size_t text_emitted = 0;       // bytes of `text` already passed to on_text
   GenerationResult result;
   Clock::time_point submitted = Clock::now();
   bool done = false;
@@ -41,15 +43,6 @@ size_t stop_prefix_suffix(const std::string& text, const std::vector<std::string
         hold = n;
         break;
       }
-  return hold;
-}
-
-// Bytes at the end of `text` that are U+FFFD standing in for an incomplete UTF-8 sequence a
-// later token may complete (byte-fallback and byte-level tokens split characters).
-size_t incomplete_tail(const std::string& text) {
-  static const std::string kReplacement = "\xEF\xBF\xBD";
-  size_t hold = 0;
-  while (text.size() >= hold + 3 && text.compare(text.size() - hold - 3, 3, kReplacement) == 0) hold += 3;
   return hold;
 }
 
@@ -125,6 +118,7 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   if (a.seq >= 0) engine_.close(a.seq);
   a.result.finish_reason = reason;
   a.result.tokens = a.generated;
+  a.result.text = a.text.substr(0, a.text_emitted);
   a.result.total_ms = ms_since(a.submitted);
   if (reason == "cancelled") ++metrics_.requests_cancelled;
   else ++metrics_.requests_finished;
@@ -222,28 +216,30 @@ bool Scheduler::step_once() {
     if (is_eos) reason = "stop";
     else if (static_cast<int64_t>(a.generated.size()) >= a.request.max_new_tokens) reason = "length";
     // Text is decoded every step only when someone reads it as it comes (a stream) or a stop
-    // string may end the request; otherwise once, at the end.
+    // string may end the request; otherwise once, at the end. Each step decodes only the newest
+    // tokens (decode_stream: a short window for context; it holds back an unfinished character
+    // or byte run), so a step costs the same at the 2000th token as at the first.
     const bool text_each_step = tokenizer_ && (a.request.on_text || !a.request.stop.empty());
     if (text_each_step || (tokenizer_ && !reason.empty())) {
-      // Text of everything generated so far (the eos token itself is not text).
+      // The eos token itself is not text.
       const std::span<const int32_t> text_ids(a.generated.data(), a.generated.size() - (is_eos ? 1 : 0));
-      std::string text = tokenizer_->decode(text_ids, /*skip_special=*/true);
+      const size_t old_size = a.text.size();
+      a.text += tokenizer_->decode_stream(text_ids, a.text_state, /*skip_special=*/true, /*flush=*/!reason.empty());
+      // A stop string can only end in the new text.
       size_t stop_at = std::string::npos;
-      for (const auto& s : a.request.stop) stop_at = std::min(stop_at, text.find(s));
+      for (const auto& s : a.request.stop)
+        stop_at = std::min(stop_at, a.text.find(s, old_size - std::min(old_size, s.size() - 1)));
       if (stop_at != std::string::npos) {
-        text.resize(stop_at);
+        a.text.resize(stop_at);
         reason = "stop";
       }
-      // While the last tokens are an unfinished byte-fallback run, their text may still change.
-      const size_t safe = !reason.empty()                         ? text.size()
-                          : tokenizer_->ends_in_byte_run(text_ids) ? a.text_emitted
-                          : text.size() - std::max(stop_prefix_suffix(text, a.request.stop), incomplete_tail(text));
+      // Text that may yet become a stop string is held back too.
+      const size_t safe = reason.empty() ? a.text.size() - stop_prefix_suffix(a.text, a.request.stop) : a.text.size();
       if (safe > a.text_emitted) {
-        const std::string piece = text.substr(a.text_emitted, safe - a.text_emitted);
+        const std::string piece = a.text.substr(a.text_emitted, safe - a.text_emitted);
         a.text_emitted = safe;
         if (a.request.on_text && !a.request.on_text(piece)) reason = "cancelled";
       }
-      a.result.text = text.substr(0, a.text_emitted);
     }
     if (!reason.empty()) finish(a, reason);
   }

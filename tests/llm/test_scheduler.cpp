@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 #include <map>
 
 #include "core/error.h"
@@ -201,4 +202,65 @@ TEST(Scheduler, SampledTokensDoNotDependOnHowManyThreadsSample) {
   const auto one = run(1), four = run(4);
   EXPECT_EQ(one, four);
   EXPECT_NE(one[0], one[cases.size()]);  // same prompt, another seed: another draw
+}
+
+// Text of sampled (arbitrary) tokens, streamed step by step, with both tokenizer families over
+// the tiny model's 1,024 ids: the pieces add up to the decode of the tokens, and so does the
+// result's text; a stop string that never matches holds back nothing at the end, and one taken
+// from the text cuts it there. At temperature 10 the draws are near uniform, so byte-level text
+// has broken UTF-8 (in the SentencePiece fixture the byte tokens are special: text skips them).
+TEST(Scheduler, StreamedTextOfSampledTokensIsTheirDecode) {
+  const auto cases = llm::testing::load_fixture_cases("llama_tiny");
+  constexpr float kTemperature = 10.f;
+  for (const auto& [family, broken_utf8] : {std::pair{"tokenizer_bytelevel", true}, std::pair{"tokenizer_spm", false}}) {
+    Harness h(16384);
+    const Tokenizer tokenizer = Tokenizer::from_file(llm::testing::fixture_dir(family));
+    Scheduler scheduler(h.engine, tokenizer);
+    constexpr size_t kRequests = 6;
+    std::vector<GenerationResult> results(kRequests);
+    std::vector<std::string> streamed(kRequests);
+    for (size_t i = 0; i < kRequests; ++i) {
+      auto r = greedy_request(cases[i % cases.size()].ids, 160, nullptr);
+      r.sampling = {kTemperature, 0, 1.f, 7 + i};
+      if (i % 2 == 1) r.stop = {"\x01never\x02"};
+      r.on_text = [&, i](const std::string& piece) {
+        streamed[i] += piece;
+        return true;
+      };
+      r.on_done = [&, i](const GenerationResult& res) { results[i] = res; };
+      scheduler.submit(std::move(r));
+    }
+    scheduler.run_until_idle();
+    for (size_t i = 0; i < kRequests; ++i) {
+      SCOPED_TRACE(std::string(family) + ", request " + std::to_string(i));
+      EXPECT_EQ(results[i].finish_reason, "length");
+      EXPECT_EQ(results[i].tokens.size(), 160u);
+      const std::string text = tokenizer.decode(results[i].tokens, /*skip_special=*/true);
+      EXPECT_EQ(results[i].text, text);
+      EXPECT_EQ(streamed[i], text);
+    }
+    // The draws did reach the hard cases: text a later byte could still change.
+    if (broken_utf8)
+      EXPECT_TRUE(std::ranges::any_of(results, [](const GenerationResult& r) { return r.text.find("\xEF\xBF\xBD") != std::string::npos; }))
+          << family << ": no U+FFFD in any text";
+    // A stop string from the middle of request 0's text: the same draw stops there.
+    const std::string text = results[0].text;
+    ASSERT_GT(text.size(), 40u);
+    const std::string stop = text.substr(text.size() / 2, 4);
+    auto r = greedy_request(cases[0].ids, 160, nullptr);
+    r.sampling = {kTemperature, 0, 1.f, 7};
+    r.stop = {stop};
+    std::string stream;
+    GenerationResult cut;
+    r.on_text = [&](const std::string& piece) {
+      stream += piece;
+      return true;
+    };
+    r.on_done = [&](const GenerationResult& res) { cut = res; };
+    scheduler.submit(std::move(r));
+    scheduler.run_until_idle();
+    EXPECT_EQ(cut.finish_reason, "stop");
+    EXPECT_EQ(cut.text, text.substr(0, text.find(stop)));
+    EXPECT_EQ(stream, cut.text);
+  }
 }
