@@ -218,7 +218,7 @@ TEST(LlmConfig, BuiltinShapesHaveThePublishedParameterCounts) {
 // The GPU load test's model (scripts/load_test.sh): llama3-8b's shape over the test tokenizer's
 // vocabulary, so that every id dummy weights sample has text (or is a special token).
 TEST(LlmConfig, LoadTestConfigIsLlama3ShapeOverTheTestTokenizersVocabulary) {
-  const LlamaConfig load = config_from_arg((testing::fixture_dir("llama3_8b_shape_test_vocab.json")).string());
+  const LlamaConfig load = config_from_arg(testing::fixture_dir("llama3_8b_shape_test_vocab.json").string());
   const LlamaConfig llama3 = builtin_config("llama3-8b");
   EXPECT_EQ(load.hidden_size, llama3.hidden_size);
   EXPECT_EQ(load.intermediate_size, llama3.intermediate_size);
