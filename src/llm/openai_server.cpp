@@ -146,9 +146,36 @@ std::string format_chat(const Tokenizer& tokenizer, const json& messages) {
   return out;
 }
 
+// OpenAI parameters this server does not implement are refused (400, naming the parameter), not
+// ignored: a client asking for several choices, log-probabilities, penalties or tool calls would
+// otherwise get an answer that silently differs from what it asked for. Their neutral values pass,
+// since many clients send them by default.
+void refuse_unimplemented(const json& body) {
+  const auto number_is = [&](const char* name, double neutral, const char* what) {
+    const json* v = present(body, name);
+    if (v && !(v->is_number() && v->get<double>() == neutral)) wrong(name, what);
+  };
+  number_is("n", 1, "1 (this server returns one choice a request)");
+  number_is("best_of", 1, "1 (this server returns one choice a request)");
+  number_is("presence_penalty", 0, "0 (penalties are not implemented)");
+  number_is("frequency_penalty", 0, "0 (penalties are not implemented)");
+  number_is("repetition_penalty", 1, "1 (penalties are not implemented)");
+  number_is("top_logprobs", 0, "0 (log-probabilities are not implemented)");
+  if (const json* v = present(body, "logprobs"); v && *v != false && *v != 0)
+    wrong("logprobs", "false or 0 (log-probabilities are not implemented)");
+  if (const json* v = present(body, "echo"); v && *v != false) wrong("echo", "false (echo is not implemented)");
+  if (const json* v = present(body, "logit_bias"); v && !v->empty()) wrong("logit_bias", "empty (not implemented)");
+  if (const json* v = present(body, "suffix"); v && *v != "") wrong("suffix", "empty (insertion is not implemented)");
+  for (const char* name : {"tools", "functions"})
+    if (const json* v = present(body, name); v && !v->empty()) wrong(name, "empty (tool calls are not implemented)");
+  if (const json* v = present(body, "response_format"); v && !(v->is_object() && v->contains("type") && v->at("type") == "text"))
+    wrong("response_format", "{\"type\": \"text\"} (JSON mode is not implemented)");
+}
+
 ParsedGeneration parse_generation_body(const json& body, bool chat, const Tokenizer& tokenizer,
                                        const ServerOptions& options) {
   if (!body.is_object()) throw core::InputError("the request body must be a JSON object");
+  refuse_unimplemented(body);
   ParsedGeneration p;
   GenerationRequest& r = p.request;
   p.stream = bool_field(body, "stream", false);

@@ -161,6 +161,20 @@ TEST_P(ServerTest, BadRequestsGet4xxWithOpenAIErrors) {
   EXPECT_EQ(status_of("POST", "/v1/completions", R"({"prompt": "hi", "temperature": -1})"), 400);
   EXPECT_EQ(status_of("POST", "/v1/completions", R"({"prompt": {"a": 1}})"), 400);
   EXPECT_EQ(status_of("POST", "/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})"), 400);
+  // Parameters the server does not implement are refused, not ignored; their neutral values pass.
+  for (const char* unimplemented : {R"("n": 2)", R"("best_of": 3)", R"("logprobs": 5)", R"("presence_penalty": 0.5)",
+                                    R"("frequency_penalty": -1)", R"("echo": true)", R"("logit_bias": {"5": 10})",
+                                    R"("suffix": "end")", R"("response_format": {"type": "json_object"})", R"("response_format": {"type": 7})"})
+    EXPECT_EQ(status_of("POST", "/v1/completions", std::string(R"({"prompt": "hi", )") + unimplemented + "}"), 400)
+        << unimplemented;
+  EXPECT_EQ(status_of("POST", "/v1/chat/completions",
+                      R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})"),
+            400);
+  const auto neutral = http_request(port(), "POST", "/v1/completions",
+                                    R"({"prompt": "hi", "max_tokens": 2, "n": 1, "logprobs": null, "echo": false,
+                                        "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": "",
+                                        "response_format": {"type": "text"}, "tools": []})");
+  EXPECT_EQ(neutral.status, 200) << neutral.body;
   EXPECT_EQ(status_of("GET", "/v1/completions", ""), 405);
   EXPECT_EQ(status_of("GET", "/nowhere", ""), 404);
   // Over-long prompt (beyond the 512-token context).
