@@ -1,11 +1,14 @@
 // The transformers fixtures in tests/data/llama_tiny*: prompts, ids, greedy tokens, logits.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -23,6 +26,16 @@ struct FixtureCase {
 
 inline std::filesystem::path fixture_dir(const std::string& name) {
   return std::filesystem::path(GPULAB_TEST_DATA) / name;
+}
+
+// The largest |got - want| and the largest |want| (tolerances are fractions of the latter).
+inline std::pair<float, float> max_abs_error(const std::vector<float>& got, const std::vector<float>& want) {
+  float err = 0, ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    ref = std::max(ref, std::abs(want[i]));
+  }
+  return {err, ref};
 }
 
 inline std::vector<float> load_f32(const core::SafetensorsFile& tensors, const std::string& name) {

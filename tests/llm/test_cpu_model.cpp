@@ -147,11 +147,7 @@ TEST_F(BrokenCheckpoint, Fp32AndFp16WeightsLoad) {
   EXPECT_EQ(CpuModel(WeightSource::from_checkpoint(dir_)).logits(ids), want);
   convert_weights(core::DType::f16);  // fp16 rounds the smallest weights: close
   const std::vector<float> got = CpuModel(WeightSource::from_checkpoint(dir_)).logits(ids);
-  float max_ref = 0, max_err = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_ref = std::max(max_ref, std::abs(want[i]));
-    max_err = std::max(max_err, std::abs(got[i] - want[i]));
-  }
+  const auto [max_err, max_ref] = testing::max_abs_error(got, want);
   EXPECT_LE(max_err, 1e-3f * max_ref);
 }
 

@@ -11,7 +11,6 @@
 #include <optional>
 #include <random>
 #include <stdexcept>
-#include <utility>
 
 #include "common/gpu.h"
 #include "core/error.h"
@@ -141,16 +140,6 @@ std::optional<HfReference> hf_reference() {
   return ref;
 }
 
-// The largest |got - want| and the largest |want|.
-std::pair<float, float> max_abs_error(const std::vector<float>& got, const std::vector<float>& want) {
-  float err = 0, ref = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    err = std::max(err, std::abs(got[i] - want[i]));
-    ref = std::max(ref, std::abs(want[i]));
-  }
-  return {err, ref};
-}
-
 // The model definition at the 7B shape: our float32 CPU reference against transformers' float64
 // at the bar the fixtures hold it to (max abs error 1e-3 x max |logit|), both rotating by
 // bf16-rounded RoPE frequencies. That is the fixtures' convention (transformers made them from a
@@ -165,15 +154,15 @@ TEST(CudaEngine, RandomSevenBCheckpointCpuReferenceMatchesTransformers) {
   const CpuModel model(WeightSource::from_checkpoint(std::getenv("GPULAB_HF_REFERENCE_DIR")));
   const std::vector<float> got = model.logits(ref->ids);
   ASSERT_EQ(got.size(), ref->logits.size());
-  const auto [max_err, max_ref] = max_abs_error(got, ref->logits_bf16_rope);
+  const auto [max_err, max_ref] = testing::max_abs_error(got, ref->logits_bf16_rope);
   const int64_t V = model.config().vocab_size;
   const Agreement a = compare_logits(got, ref->logits_bf16_rope, V);
   std::printf("random 7B checkpoint, CPU float32 vs transformers float64 (bf16 RoPE frequencies): max abs %.3e of "
               "max |logit| %.3f, rel L2 %.2e, top-1 %lld/%lld\n", max_err, max_ref, a.rel_l2, (long long)a.top1_agree,
               (long long)a.rows);
   std::printf("  transformers float32 vs float64: max abs %.3e; float32 RoPE frequencies (from_pretrained) vs bf16 "
-              "ones, both float64: max abs %.3e\n", max_abs_error(ref->logits_fp32, ref->logits).first,
-              max_abs_error(ref->logits, ref->logits_bf16_rope).first);
+              "ones, both float64: max abs %.3e\n", testing::max_abs_error(ref->logits_fp32, ref->logits).first,
+              testing::max_abs_error(ref->logits, ref->logits_bf16_rope).first);
   EXPECT_LE(max_err, 1e-3f * max_ref);
 }
 

@@ -240,9 +240,10 @@ TEST(Scheduler, StreamedTextOfSampledTokensIsTheirDecode) {
       EXPECT_EQ(streamed[i], text);
     }
     // The draws did reach the hard cases: text a later byte could still change.
-    if (broken_utf8)
+    if (broken_utf8) {
       EXPECT_TRUE(std::ranges::any_of(results, [](const GenerationResult& r) { return r.text.find("\xEF\xBF\xBD") != std::string::npos; }))
           << family << ": no U+FFFD in any text";
+    }
     // A stop string from the middle of request 0's text: the same draw stops there.
     const std::string text = results[0].text;
     ASSERT_GT(text.size(), 40u);

@@ -27,6 +27,10 @@ import transformers
 from safetensors.torch import save_file
 
 ROPE_THETA = 10000.0
+# LLaMA-2-7B's shape (also what hf_llama_sensitivity.py probes).
+SHAPE = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+             num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+             rope_theta=ROPE_THETA, tie_word_embeddings=False)
 
 
 def main():
@@ -38,16 +42,12 @@ def main():
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
-    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                                      max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=ROPE_THETA,
-                                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-                                      initializer_range=args.init_std)
+    config = transformers.LlamaConfig(**SHAPE, bos_token_id=1, eos_token_id=2, initializer_range=args.init_std)
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True, max_shard_size="5GB")
-    # Loaded back as users load a checkpoint and as the fixtures were made (from_pretrained in bf16).
+    # Loaded back as users load a checkpoint (from_pretrained in bf16).
     del model
     model = transformers.LlamaForCausalLM.from_pretrained(args.out, dtype=torch.bfloat16, device_map="cuda").eval()
 

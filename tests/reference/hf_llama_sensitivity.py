@@ -14,9 +14,7 @@ within 2e-2.
 import torch
 import transformers
 
-SHAPE = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-             num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
-             rope_theta=10000.0, tie_word_embeddings=False)
+from hf_llama_random import SHAPE  # this directory: run as python3 tests/reference/...
 
 
 def main():
