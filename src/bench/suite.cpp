@@ -53,7 +53,7 @@ const std::vector<Suite>& suites() {
       {"transfer", "host<->device bandwidth: H2D, D2H, both at once; pinned vs pageable; 4 KB..1 GB", run_transfer_suite},
       {"launch", "empty-kernel launch cost, launch+synchronize round trip, per-node cost in a CUDA graph", run_launch_suite},
       {"gemm", "GEMM ladder (naive .. wgmma) and cuBLASLt fp32/tf32/fp16/bf16/fp8, 512..16384", run_gemm_suite},
-      {"decode", "LLaMA-2-7B decode GEMMs at 1/8/16 rows: skinny_gemm (fused norm/SwiGLU) vs cuBLASLt; decode attention", run_decode_suite},
+      {"decode", "LLaMA-2-7B decode GEMMs at 1-16 rows: skinny_gemm (GEMV / tensor cores, fused norm/SwiGLU) vs cuBLASLt; decode attention", run_decode_suite},
       {"um", "managed memory: on-demand migration vs prefetch, host access after device", run_um_suite},
       {"p2p", "every GPU pair: peer access, copy-engine and SM bandwidth one way and both, latency", run_p2p_suite},
       {"nccl", "all-reduce, all-gather, reduce-scatter, broadcast over all GPUs: algbw, busbw, #wrong", run_nccl_suite},

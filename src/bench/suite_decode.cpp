@@ -1,6 +1,6 @@
-// gpulab bench decode: the linear layers of one LLaMA-2-7B decode step at 1, 8 and 16 rows,
-// kernels::skinny_gemm (norm / SwiGLU fused in) beside cuBLASLt with the kernels the unfused
-// path launches before it. Decode is bound by reading the weights, so each figure is weight
+// gpulab bench decode: the linear layers of one LLaMA-2-7B decode step at 1, 2, 4, 8 and 16 rows,
+// kernels::skinny_gemm (norm / SwiGLU fused in; its GEMV kernel where that takes the rows, and
+// its tensor-core kernel) beside cuBLASLt with the kernels the unfused path launches before it. Decode is bound by reading the weights, so each figure is weight
 // bytes per second, against the HBM copy ceiling. Then paged decode attention (one layer,
 // LLaMA-2-7B and the GQA LLaMA-3-8B shape, batch 1 and 16, 256 and 2048 positions): time per
 // call, and K+V bytes read per second.
@@ -23,7 +23,10 @@ namespace gpulab::bench {
 namespace {
 
 using core::DType;
+using kernels::SkinnyKernel;
 using kernels::SkinnyPrologue;
+
+const char* kernel_name(SkinnyKernel kernel) { return kernel == SkinnyKernel::gemv ? "gemv" : "tensor-core"; }
 
 struct DecodeGemm {
   const char* name;
@@ -36,7 +39,7 @@ constexpr DecodeGemm kGemms[] = {{"qkv", 12288, 4096, SkinnyPrologue::rmsnorm, f
                                  {"o_proj", 4096, 4096, SkinnyPrologue::none, true},
                                  {"gate_up", 22016, 4096, SkinnyPrologue::rmsnorm, false},
                                  {"down", 4096, 11008, SkinnyPrologue::swiglu, true}};
-constexpr int64_t kRowCounts[] = {1, 8, 16};
+constexpr int64_t kRowCounts[] = {1, 2, 4, 8, 16};
 
 std::vector<float> download(const void* p, DType dt, int64_t count) {
   std::vector<std::byte> bytes(count * core::dtype_size(dt));
@@ -185,8 +188,8 @@ void run_decode_suite(Context& ctx) {
     const kernels::SkinnyInput in{x, g.prologue, norm.get(), 1e-5f};
     int64_t turn = 0;
     const auto weights = [&] { return w.get() + (turn++ % copies) * n * k; };
-    const auto skinny = [&](int64_t m) {
-      kernels::skinny_gemm(y, out_dt, g.into_residual, in, weights(), DType::bf16, m, n, k, stream);
+    const auto skinny = [&](int64_t m, SkinnyKernel kernel) {
+      kernels::skinny_gemm(y, out_dt, g.into_residual, in, weights(), DType::bf16, m, n, k, stream, kernel);
     };
     const auto unfused = [&](int64_t m, void* out) {
       const void* a = act_in.get();
@@ -202,7 +205,8 @@ void run_decode_suite(Context& ctx) {
     };
     const std::string label = std::string("decode ") + g.name;
     ctx.attempt(label, [&] {
-      // Verified first: both paths from the same zeroed output agree on every element.
+      // Verified first: each kernel and cuBLASLt, from the same zeroed output, agree on every
+      // element (the GEMV at its most rows).
       const auto once = [&](auto&& run, void* out) {
         GPULAB_CHECK(cudaMemsetAsync(out, 0, rows * n * core::dtype_size(out_dt), stream));
         turn = 0;
@@ -210,23 +214,32 @@ void run_decode_suite(Context& ctx) {
         stream.synchronize();
         return download(out, out_dt, rows * n);
       };
-      const auto mine = once([&](void*) { skinny(rows); }, y);
-      const auto theirs = once([&](void* out) { unfused(rows, out); }, g.into_residual ? y_check.get() : y);
-      for (int64_t i = 0; i < rows * n; ++i)
-        if (!(std::abs(mine[i] - theirs[i]) <= 1e-2f * std::abs(theirs[i]) + 1e-9f))
-          throw core::Error("skinny_gemm and cuBLASLt disagree at element " + std::to_string(i) + ": " +
-                            std::to_string(mine[i]) + " vs " + std::to_string(theirs[i]));
+      for (SkinnyKernel kernel : {SkinnyKernel::mma, SkinnyKernel::gemv}) {
+        const int64_t m = kernel == SkinnyKernel::gemv ? kernels::kGemvMaxRows : rows;
+        const auto mine = once([&](void*) { skinny(m, kernel); }, y);
+        const auto theirs = once([&](void* out) { unfused(m, out); }, g.into_residual ? y_check.get() : y);
+        for (int64_t i = 0; i < m * n; ++i)
+          if (!(std::abs(mine[i] - theirs[i]) <= 1e-2f * std::abs(theirs[i]) + 1e-9f))
+            throw core::Error(std::string("skinny_gemm (") + kernel_name(kernel) + ") and cuBLASLt disagree at element " +
+                              std::to_string(i) + ": " + std::to_string(mine[i]) + " vs " + std::to_string(theirs[i]));
+      }
       for (int64_t m : kRowCounts) {
         const nlohmann::json params = {{"n", n}, {"k", k}, {"rows", m}, {"weight_bytes", weight_bytes},
                                        {"prologue", g.prologue == SkinnyPrologue::none      ? "none"
                                                     : g.prologue == SkinnyPrologue::rmsnorm ? "rmsnorm"
                                                                                             : "swiglu"}};
-        for (bool fused : {true, false}) {
+        std::vector<const char*> paths = {"skinny", "cublaslt"};  // skinny: the tensor-core kernel
+        if (kernels::skinny_gemv_fits(m, k)) paths.insert(paths.begin(), "gemv");
+        for (std::string path : paths) {
+          const auto run = [&] {
+            if (path == "cublaslt") unfused(m, y);
+            else skinny(m, path == "gemv" ? SkinnyKernel::gemv : SkinnyKernel::mma);
+          };
           std::vector<double> gbps;
-          for (double ms : time_on_stream(stream, [&] { fused ? skinny(m) : unfused(m, y); }, plan))
+          for (double ms : time_on_stream(stream, run, plan))
             gbps.push_back(per_second_1e9(static_cast<double>(weight_bytes), ms));
-          Row row = make_row("decode", std::string(fused ? "skinny_" : "cublaslt_") + g.name + "_m" + std::to_string(m),
-                             "bandwidth", "GB/s", summarize(gbps), ctx.datasheet().memory_gbps, params);
+          Row row = make_row("decode", path + "_" + g.name + "_m" + std::to_string(m), "bandwidth", "GB/s",
+                             summarize(gbps), ctx.datasheet().memory_gbps, params);
           row.ceiling = ctx.ceiling("hbm_copy");
           ctx.add(row);
         }
@@ -234,7 +247,8 @@ void run_decode_suite(Context& ctx) {
     });
   }
   run_attention_rows(ctx, stream, plan);
-  ctx.note("GEMMs: weight bytes per second; cublaslt_* includes the rmsnorm / silu_mul launch the unfused path needs");
+  ctx.note("GEMMs: weight bytes per second; gemv_* / skinny_*: skinny_gemm's GEMV / tensor-core kernel; cublaslt_* "
+           "includes the rmsnorm / silu_mul launch the unfused path needs");
   ctx.note("attention_*: one layer, head_dim 128, pages of 16; 7b = 32/32 heads, 8b = 32 query / 8 kv heads; "
            "GB/s of K+V read (batch x context x kv_heads x 128 x 2 x 2 B)");
   ctx.finish("decode GEMMs of LLaMA-2-7B and decode attention (bf16)");

@@ -6,6 +6,7 @@
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 #include "kernels/attention_prefill_mma.h"
+#include "kernels/pdl.h"
 
 namespace gpulab::kernels {
 
@@ -215,6 +216,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float* run_m = smem + G * (2 * D + kSplit + kDecodeWarps * D);  // [G] running maximum
   float* run_l = run_m + G;                                          // [G] running sum
   float* rescale = run_l + G;                                        // [G][2] old and new weights
+  pdl_launch_dependents();
+  pdl_wait();
   const int kvh = blockIdx.x, seq = blockIdx.y, first = blockIdx.z, blocks = gridDim.z;
   const int len = seq_lens[seq];
   if (first * kSplit >= len) return;
@@ -382,6 +385,8 @@ template <class T, int D>
 __global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_stride, const int32_t* seq_lens,
                                                            int q_heads, int blocks, const float* part_o,
                                                            const float* part_m, const float* part_l) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int h = blockIdx.x, seq = blockIdx.y, i = threadIdx.x;
   const int used = min(blocks, (seq_lens[seq] + kSplit - 1) / kSplit);  // blocks that had a split
   const int64_t base = (static_cast<int64_t>(seq) * q_heads + h) * blocks;
@@ -469,16 +474,15 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
         if constexpr (smem > 48 * 1024)
           GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-        decode_split_kernel<T, D, G><<<dim3(shape.kv_heads, num_seqs, blocks), kDecodeThreads, smem, stream>>>(
-            static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache),
-            static_cast<const T*>(kv.v_cache), kv.block_table, kv.max_blocks_per_seq, static_cast<int>(kv.block_size),
-            seq_lens, static_cast<int>(shape.kv_heads), group, shape.scale, part_o, part_m, part_l);
-        GPULAB_CHECK_LAUNCH();
+        launch_overlapped(decode_split_kernel<T, D, G>, dim3(shape.kv_heads, num_seqs, blocks), dim3(kDecodeThreads),
+                          smem, stream, static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache),
+                          static_cast<const T*>(kv.v_cache), kv.block_table, kv.max_blocks_per_seq,
+                          static_cast<int>(kv.block_size), seq_lens, static_cast<int>(shape.kv_heads), group,
+                          shape.scale, part_o, part_m, part_l);
       });
-      decode_combine_kernel<T, D><<<dim3(shape.q_heads, num_seqs), D, 0, stream>>>(
-          static_cast<T*>(out.data), out.stride, seq_lens, static_cast<int>(shape.q_heads), blocks, part_o, part_m,
-          part_l);
-      GPULAB_CHECK_LAUNCH();
+      launch_overlapped(decode_combine_kernel<T, D>, dim3(shape.q_heads, num_seqs), dim3(D), 0, stream,
+                        static_cast<T*>(out.data), out.stride, seq_lens, static_cast<int>(shape.q_heads), blocks,
+                        part_o, part_m, part_l);
     });
   });
 }

@@ -4,6 +4,7 @@
 
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
+#include "kernels/pdl.h"
 
 namespace gpulab::kernels {
 
@@ -14,6 +15,8 @@ namespace {
 template <class T>
 __global__ void rope_kernel(T* q, int64_t q_stride, int64_t q_heads, T* k, int64_t k_stride, int64_t k_heads,
                             const int32_t* positions, const float* inv_freq, int64_t half, RopeCacheWrite cache) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(positions[t]);
   const int64_t slot = cache.slots ? cache.slots[t] : -1;
@@ -57,10 +60,9 @@ void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float* inv
   core::dispatch_activation(dtype, [&]<class T>() {
     const int64_t pairs = (q.heads + k.heads * (cache ? 2 : 1)) * (head_dim / 2);
     const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 64)));
-    rope_kernel<T><<<grid, 256, 0, stream>>>(static_cast<T*>(q.x), q.stride, q.heads, static_cast<T*>(k.x),
-                                               k.stride, k.heads, positions, inv_freq, head_dim / 2,
-                                               cache ? *cache : RopeCacheWrite{});
-    GPULAB_CHECK_LAUNCH();
+    launch_overlapped(rope_kernel<T>, grid, dim3(256), 0, stream, static_cast<T*>(q.x), q.stride, q.heads,
+                      static_cast<T*>(k.x), k.stride, k.heads, positions, inv_freq, head_dim / 2,
+                      cache ? *cache : RopeCacheWrite{});
   });
 }
 

@@ -4,6 +4,7 @@
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 #include "kernels/mma_ptx.h"
+#include "kernels/pdl.h"
 #include "kernels/skinny_gemm.h"
 
 namespace gpulab::kernels {
@@ -18,7 +19,7 @@ constexpr int kWeightLoads = 16;  // 16-byte weight loads each lane keeps in fli
 // lane (group g = lane / 4, t = lane % 4) loads the 16 bytes at k0 = chunk + 8t of W rows g and
 // g + 8 and of x row g: its words .x/.y feed the chunk's first mma (as the fragment's k pairs
 // 2t and 2t + 8) and .z/.w its second, so every load is a whole 16-byte piece.
-// Volatile: kept in program order, so the first weights are in flight before griddepcontrol.wait.
+// Volatile: kept in program order, so the first weights are in flight before pdl_wait.
 __device__ inline uint4 load_streaming(const void* p) {
   uint4 v;
   asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -138,15 +139,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int h = 0; h < 2; ++h) a[u][s][h] = kk < k ? load_streaming(rows[s][h] + kk) : uint4{0, 0, 0, 0};
     }
   };
-  // Programmatic dependent launch (sm_90): the next skinny_gemm may start its blocks now, and
-  // this one reads only weights until the kernel before it has finished and its writes show.
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  // Launched overlapped (kernels/pdl.h): the next kernel may start its blocks now, and this one
+  // reads only weights until the kernel before it has finished and its writes show.
+  pdl_launch_dependents();
   load_weights(warp);  // in flight while the norm below waits on x
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  pdl_wait();
 
   float row_scale[MT] = {};
   if constexpr (P == SkinnyPrologue::rmsnorm) {
@@ -236,6 +233,136 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
+// The GEMV for m ≤ kGemvMaxRows: one warp per output channel at a time, plain FMAs (a 16-byte
+// weight piece costs 8·m of them, cheap at one or two rows, where m16n8k16 would waste most of
+// its 16-row side on padding). The block first writes its input rows, after the prologue, to
+// shared memory; then each warp runs over its channels (every gridDim·kGemvWarps-th) in batches
+// of kGemvLoads 16-byte loads a lane, the next batch in flight while this one is summed, so the
+// weights stream without a gap between channels. One warp sums a channel in a fixed order:
+// deterministic.
+constexpr int kGemvWarps = 16;
+constexpr int kGemvLoads = 8;
+
+template <class T, class Out, SkinnyPrologue P, int M>
+__global__ void __launch_bounds__(kGemvWarps * 32, 1)
+    gemv_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w, int64_t n,
+                int64_t k) {
+  extern __shared__ uint4 inputs[];  // [M][k / 8]: the rows the GEMM multiplies, in T
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t pieces = k / 8, step = static_cast<int64_t>(gridDim.x) * kGemvWarps;
+  constexpr int64_t kBatch = 32 * kGemvLoads;  // pieces of a row one batch covers
+
+  // The warp's next batch to load: channel `next_row`, pieces next_piece + 32u.
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
+  int64_t next_row = first_row, next_piece = lane;
+  uint4 next[kGemvLoads];
+  const auto load_next = [&] {
+    const uint4* row = reinterpret_cast<const uint4*>(w + next_row * k);
+#pragma unroll
+    for (int u = 0; u < kGemvLoads; ++u) {
+      const int64_t p = next_piece + 32 * u;
+      next[u] = p < pieces ? load_streaming(row + p) : uint4{0, 0, 0, 0};
+    }
+    next_piece += kBatch;
+    if (next_piece >= pieces) next_piece = lane, next_row += step;
+  };
+  pdl_launch_dependents();
+  if (next_row < n) load_next();  // weights in flight while the prologue waits on x
+  pdl_wait();
+
+  float inv_rms[M] = {};
+  if constexpr (P == SkinnyPrologue::rmsnorm) {
+    __shared__ float sum_sq[kGemvWarps][M];
+    float sums[M] = {};
+    for (int64_t i = threadIdx.x; i < k / 4; i += blockDim.x)
+#pragma unroll
+      for (int r = 0; r < M; ++r) {
+        const float4 v = reinterpret_cast<const float4*>(static_cast<const float*>(x) + r * k)[i];
+        sums[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      for (int offset = 16; offset > 0; offset /= 2) sums[r] += __shfl_xor_sync(0xffffffffu, sums[r], offset);
+      if (lane == 0) sum_sq[warp][r] = sums[r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      float total = 0.f;
+      for (int v = 0; v < kGemvWarps; ++v) total += sum_sq[v][r];
+      inv_rms[r] = rsqrtf(total / static_cast<float>(k) + eps);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < M; ++r)
+    for (int64_t p = threadIdx.x; p < pieces; p += blockDim.x) {
+      const uint4 norm = P == SkinnyPrologue::rmsnorm ? reinterpret_cast<const uint4*>(norm_w)[p] : uint4{};
+      inputs[r * pieces + p] = finish_input<T, P>(fetch_input<T, P>(x, r, k, 8 * p), norm, inv_rms[r]);
+    }
+  __syncthreads();
+
+  float acc[M] = {};
+  for (int64_t row = first_row, piece = lane; row < n;) {  // `next` holds this batch
+    uint4 batch[kGemvLoads];
+#pragma unroll
+    for (int u = 0; u < kGemvLoads; ++u) batch[u] = next[u];
+    if (next_row < n) load_next();
+#pragma unroll
+    for (int u = 0; u < kGemvLoads; ++u) {
+      const int64_t p = piece + 32 * u;
+      if (p >= pieces) continue;
+      float wf[8];
+      unpack8<T>(wf, batch[u]);
+#pragma unroll
+      for (int r = 0; r < M; ++r) {
+        float xf[8];
+        unpack8<T>(xf, inputs[r * pieces + p]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+      }
+    }
+    piece += kBatch;
+    if (piece < pieces) continue;
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+      if (lane == 0) {
+        Out* out = y + r * n + row;
+        if constexpr (std::is_same_v<Out, float>)
+          *out = accumulate ? *out + acc[r] : acc[r];
+        else
+          *out = static_cast<Out>(acc[r]);
+      }
+      acc[r] = 0.f;
+    }
+    row += step, piece = lane;
+  }
+}
+
+template <class T, class Out, SkinnyPrologue P>
+void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
+                 cudaStream_t stream) {
+  const auto run = [&]<int M>() {
+    const auto kernel = gemv_kernel<T, Out, P, M>;
+    const size_t smem = M * k * sizeof(T);
+    if (smem > 48 * 1024)
+      GPULAB_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    int device = 0, sms = 0, per_sm = 0;
+    GPULAB_CHECK(cudaGetDevice(&device));
+    GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    GPULAB_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * 32, smem));
+    if (per_sm < 1) throw core::Error("skinny_gemm: this GPU cannot hold " + std::to_string(smem) + " bytes of input rows in a block");
+    // Every block resident at once (no second wave), none without a channel.
+    const int64_t blocks = std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, (n + kGemvWarps - 1) / kGemvWarps);
+    launch_overlapped(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kGemvWarps * 32), smem, stream,
+                      static_cast<Out*>(y), accumulate, in.x, static_cast<const T*>(in.norm_weight), in.eps,
+                      static_cast<const T*>(w), n, k);
+  };
+  static_assert(kGemvMaxRows == 2);
+  if (m == 1) run.template operator()<1>();
+  else run.template operator()<2>();
+}
+
 // Slabs per block: few enough blocks that each reads x (L2 traffic beside W's) for many
 // channels, enough that two blocks per SM still find work. Four only past 8 rows, where x is
 // large and four slabs keep as many weight loads in flight as two (chunks_per_step).
@@ -250,21 +377,14 @@ int slabs_per_block(int64_t m, int64_t n) {
 
 template <class T, class Out, SkinnyPrologue P>
 void launch(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
-            cudaStream_t stream) {
+            cudaStream_t stream, bool gemv) {
+  if (gemv) return launch_gemv<T, Out, P>(y, accumulate, in, w, m, n, k, stream);
   const int s = slabs_per_block(m, n);
   const auto run = [&]<int S, int MT>() {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S)));
-    config.blockDim = dim3(kWarps * 32);
-    config.stream = stream;
-    cudaLaunchAttribute overlap{};
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &overlap;
-    config.numAttrs = 1;
-    GPULAB_CHECK(cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, Out, P, S, MT>, static_cast<Out*>(y), accumulate,
-                                    in.x, static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w),
-                                    static_cast<int>(m), n, k));
+    launch_overlapped(skinny_gemm_kernel<T, Out, P, S, MT>, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))),
+                      dim3(kWarps * 32), 0, stream, static_cast<Out*>(y), accumulate, in.x,
+                      static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w), static_cast<int>(m), n,
+                      k);
   };
   const auto with_slabs = [&]<int MT>() {
     if (s == 4) run.template operator()<4, MT>();
@@ -281,8 +401,12 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 bool skinny_gemm_fits(int64_t m, int64_t k) { return m >= 1 && m <= kSkinnyMaxRows && k > 0 && k % 8 == 0; }
 
+bool skinny_gemv_fits(int64_t m, int64_t k) {
+  return skinny_gemm_fits(m, k) && m <= kGemvMaxRows && 2 * m * k <= kGemvMaxInputBytes;
+}
+
 void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const void* w,
-                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel) {
   if (!skinny_gemm_fits(m, k) || n < 1)
     throw core::Error("skinny_gemm: takes 1 to 16 rows and k a multiple of 8, not m " + std::to_string(m) + ", n " +
                       std::to_string(n) + ", k " + std::to_string(k));
@@ -290,6 +414,11 @@ void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInpu
     throw core::Error("skinny_gemm: weights must be bf16 or fp16");
   if (y_dtype != core::DType::f32 && (y_dtype != w_dtype || accumulate))
     throw core::Error("skinny_gemm: writes the weights' dtype or float32 (which it may add to)");
+  if (kernel == SkinnyKernel::gemv && !skinny_gemv_fits(m, k))
+    throw core::Error("skinny_gemm: the GEMV kernel takes at most " + std::to_string(kGemvMaxRows) + " rows of " +
+                      std::to_string(kGemvMaxInputBytes / 1024) + " KiB together, not m " + std::to_string(m) +
+                      ", k " + std::to_string(k));
+  const bool gemv = kernel == SkinnyKernel::gemv || (kernel == SkinnyKernel::automatic && skinny_gemv_fits(m, k));
   const bool norm = in.prologue == SkinnyPrologue::rmsnorm;
   if (!aligned16(y) || !aligned16(in.x) || !aligned16(w) || (norm && !aligned16(in.norm_weight)))
     throw core::Error("skinny_gemm: x, w, y and the norm weight must start on 16-byte boundaries");
@@ -300,11 +429,11 @@ void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInpu
       core::dispatch_activation(y_dtype, [&]<class Out>() {
         if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, T>) {
           switch (in.prologue) {
-            case SkinnyPrologue::none: return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);
+            case SkinnyPrologue::none: return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream, gemv);
             case SkinnyPrologue::rmsnorm:
-              return launch<T, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream);
+              return launch<T, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream, gemv);
             case SkinnyPrologue::swiglu:
-              return launch<T, Out, SkinnyPrologue::swiglu>(y, accumulate, in, w, m, n, k, stream);
+              return launch<T, Out, SkinnyPrologue::swiglu>(y, accumulate, in, w, m, n, k, stream, gemv);
           }
         }
       });

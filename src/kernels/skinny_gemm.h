@@ -30,14 +30,29 @@ struct SkinnyInput {
 
 constexpr int64_t kSkinnyMaxRows = 16;
 
+// The kernel behind skinny_gemm. mma: the tensor-core kernel above, any m. gemv: for
+// m ≤ kGemvMaxRows, plain FMAs (a 16-byte weight piece costs 8·m), one warp per output channel,
+// every block resident at once, the input rows built once per block in shared memory.
+// automatic: gemv where skinny_gemv_fits, mma elsewhere. On the H200 (7B shapes, bench decode,
+// session 9) the GEMV streamed 2.95-3.98 TB/s of weights at 1 row against the tensor-core
+// kernel's 2.83-3.43, and lost to it at 4 rows (2.13-2.74 against 2.69-3.23): hence 2.
+enum class SkinnyKernel { automatic, gemv, mma };
+constexpr int64_t kGemvMaxRows = 2;
+
 // Whether skinny_gemm takes these sizes: 1 ≤ m ≤ 16 and rows of whole 16-byte pieces (k % 8 == 0).
 bool skinny_gemm_fits(int64_t m, int64_t k);
+
+// Whether the GEMV kernel takes them too: m ≤ kGemvMaxRows and the m input rows (2·m·k bytes)
+// within kGemvMaxInputBytes of shared memory.
+constexpr int64_t kGemvMaxInputBytes = 160 * 1024;
+bool skinny_gemv_fits(int64_t m, int64_t k);
 
 // y [m, n] in y_dtype: the weights' dtype (written) or float32 (written, or added to with
 // `accumulate`: the residual stream). w [n, k] is bf16 or fp16; x, w, norm_weight and y start on
 // 16-byte boundaries. Throws core::Error for sizes skinny_gemm_fits refuses.
 void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const void* w,
-                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                 SkinnyKernel kernel = SkinnyKernel::automatic);
 
 // y[m, n] += x[m, k] · w[n, k]ᵀ in double (the input already through its prologue).
 void skinny_gemm_ref(double* y, const float* x, const float* w, int64_t m, int64_t n, int64_t k);

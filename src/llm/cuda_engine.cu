@@ -801,10 +801,13 @@ bool residual_wants_symmetric_memory(const EngineOptions& options) {
 
 bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
   static const std::optional<bool> env = core::env_switch("GPULAB_SKINNY_GEMM");
-  const bool wanted = env.value_or(options.skinny_gemm);
+  const auto takes = [&](bool (*fits)(int64_t, int64_t)) {
+    return fits(options.max_batch, model.hidden_size) && fits(options.max_batch, model.q_dim()) &&
+           fits(options.max_batch, model.intermediate_size);
+  };
+  const bool wanted = env ? *env : options.skinny_gemm ? *options.skinny_gemm : takes(kernels::skinny_gemv_fits);
   return wanted && options.weights == WeightFormat::bf16 && options.shard.world == 1 &&
-         kernels::skinny_gemm_fits(options.max_batch, model.hidden_size) &&
-         kernels::skinny_gemm_fits(1, model.q_dim()) && kernels::skinny_gemm_fits(1, model.intermediate_size);
+         takes(kernels::skinny_gemm_fits);
 }
 
 const LlamaConfig& CudaEngine::config() const { return impl_->model; }

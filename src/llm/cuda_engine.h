@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -35,12 +36,13 @@ struct EngineOptions {
   int64_t max_kv_tokens = 0;         // cap on the KV pool; 0: as much as memory allows
   int64_t block_size = 16;           // tokens per KV page
   bool cuda_graphs = true;           // replay pure decode steps from CUDA graphs
-  // Decode passes of at most 16 rows with bf16 weights run their linear layers on
+  // Decode passes of at most 16 rows with bf16 weights can run their linear layers on
   // kernels::skinny_gemm (the norms and the SwiGLU gate fused into it) instead of cuBLASLt.
-  // Off: on the H200 it measured slower end to end (7B decode, session 6: batch 1 4.48 vs 4.26 ms
-  // a step, batch 16 7.86 vs 5.58 ms), though faster alone at 1 row (bench decode). The
-  // environment overrides this: GPULAB_SKINNY_GEMM=1 or 0.
-  bool skinny_gemm = false;
+  // Unset: where its GEMV kernel takes the decode pass (max_batch ≤ kernels::kGemvMaxRows): on
+  // the H200, 7B batch 1, 3.69-3.75 against 4.33-4.37 ms a step on cuBLASLt (session 9). Its
+  // tensor-core kernel (8 or 16 rows) lost to cuBLASLt there: 5.26 / 7.22 against 4.74 / 5.01 ms.
+  // true / false: up to 16 rows / never. GPULAB_SKINNY_GEMM=1 or 0 overrides this.
+  std::optional<bool> skinny_gemm;
   WeightFormat weights = WeightFormat::bf16;
   Fp8ActivationScale fp8_activations = Fp8ActivationScale::token;
   // Tensor parallel (see llm/tensor_parallel.h): this engine is rank shard.rank of shard.world
@@ -63,8 +65,8 @@ struct EngineOptions {
 bool residual_wants_symmetric_memory(const EngineOptions& options);
 
 // Whether an engine with these options and this model runs its decode passes on skinny_gemm
-// (asked for by the options or GPULAB_SKINNY_GEMM=1 and not vetoed by GPULAB_SKINNY_GEMM=0; single
-// GPU, bf16 weights, max_batch ≤ 16, widths of whole 16-byte pieces).
+// (GPULAB_SKINNY_GEMM, else options.skinny_gemm, else whether its GEMV takes them; single GPU,
+// bf16 weights, max_batch ≤ 16, widths of whole 16-byte pieces).
 bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model);
 
 class CudaEngine final : public Engine {

@@ -1,6 +1,7 @@
 // skinny_gemm against a float64 host reference: every row count 1..16 on the 7B decode shapes
 // and on odd small ones (k tails, partial slabs, each slabs-per-block choice), every output mode
-// and prologue, outputs poisoned (rows past m must stay so), every element checked.
+// and prologue, both kernels where both take the rows, outputs poisoned (rows past m must stay
+// so), every element checked.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,6 +30,12 @@ std::string label(SkinnyPrologue p) {
   return p == SkinnyPrologue::none ? "none" : p == SkinnyPrologue::rmsnorm ? "rmsnorm" : "swiglu";
 }
 std::string label(Output o) { return o == Output::narrow ? "narrow" : o == Output::f32 ? "f32" : "f32+="; }
+
+// The kernels that take m rows of width k: the GEMV and the tensor-core kernel where both do.
+std::vector<SkinnyKernel> kernels_for(int64_t m, int64_t k) {
+  if (skinny_gemv_fits(m, k)) return {SkinnyKernel::gemv, SkinnyKernel::mma};
+  return {SkinnyKernel::mma};
+}
 
 // Inputs for kRows rows; each row count m uses the first m (rows are independent).
 struct Case {
@@ -86,10 +93,11 @@ struct Case {
 
   // Runs rows 0..m-1 into a poisoned [kRows + 1, n] output (with accumulation, rows < m hold y0)
   // and checks every element: rows < m within tolerance (or exactly: `exact`), the rest untouched.
-  void check(int64_t m, Output mode, std::mt19937& rng, bool exact = false) {
+  void check(int64_t m, Output mode, std::mt19937& rng, SkinnyKernel kernel, bool exact = false) {
     const DType out_dt = mode == Output::narrow ? dt : DType::f32;
     const std::string what = dtype_label(dt) + " " + label(prologue) + " -> " + label(mode) + " m " +
-                             std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k);
+                             std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+                             (kernel == SkinnyKernel::gemv ? " gemv" : " mma");
     const int64_t total = (kRows + 1) * n;
     auto y = DeviceTensor::poisoned(total, out_dt);
     std::vector<float> y0;
@@ -97,7 +105,7 @@ struct Case {
       y0 = uniform(m * n, rng, -2, 2);
       GPULAB_CHECK(cudaMemcpy(y.get(), y0.data(), m * n * 4, cudaMemcpyHostToDevice));
     }
-    skinny_gemm(y.get(), out_dt, mode == Output::f32_accumulate, in(), w->device.get(), dt, m, n, k, nullptr);
+    skinny_gemm(y.get(), out_dt, mode == Output::f32_accumulate, in(), w->device.get(), dt, m, n, k, nullptr, kernel);
     const std::vector<float> got = y.download();
     // float32 accumulation in any order: far below 1e-5 of Σ|x·w| (k ≤ 11008); one rounding of
     // the result to a narrow dtype; a prologue input rounded the other way than on the host
@@ -139,7 +147,8 @@ TEST(SkinnyGemmGpu, OddShapesEveryModeEveryRowCount) {
       for (SkinnyPrologue p : kPrologues) {
         Case c(dt, p, n, k, rng);
         for (Output mode : kOutputs)
-          for (int64_t m = 1; m <= kRows; ++m) c.check(m, mode, rng);
+          for (int64_t m = 1; m <= kRows; ++m)
+            for (SkinnyKernel kernel : kernels_for(m, k)) c.check(m, mode, rng, kernel);
       }
 }
 
@@ -159,7 +168,8 @@ TEST(SkinnyGemmGpu, SevenBDecodeShapesEveryRowCount) {
                           {32000, 4096, SkinnyPrologue::rmsnorm, Output::f32}};  // lm_head
   for (const Shape& s : shapes) {
     Case c(DType::bf16, s.prologue, s.n, s.k, rng);
-    for (int64_t m = 1; m <= kRows; ++m) c.check(m, s.mode, rng);
+    for (int64_t m = 1; m <= kRows; ++m)
+      for (SkinnyKernel kernel : kernels_for(m, s.k)) c.check(m, s.mode, rng, kernel);
   }
 }
 
@@ -170,16 +180,20 @@ TEST(SkinnyGemmGpu, IntegerInputsGiveExactSums) {
   std::mt19937 rng(43);
   for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 11008}, {131, 264}, {17000, 200}}) {
     Case c(DType::bf16, SkinnyPrologue::none, n, k, rng, true);
-    for (int64_t m = 1; m <= kRows; ++m) c.check(m, Output::f32, rng, true);
+    for (int64_t m = 1; m <= kRows; ++m)
+      for (SkinnyKernel kernel : kernels_for(m, k)) c.check(m, Output::f32, rng, kernel, true);
   }
 }
 
 // Back to back on one stream, the second launch (programmatic dependent launch) starts while
-// the first runs: it must still read the first's output, not the poison under it.
-TEST(SkinnyGemmGpu, ChainedLaunchesSeeTheEarlierOutput) {
+// the first runs: it must still read the first's output, not the poison under it. At 16 rows
+// (the tensor-core kernel) and at 1 (the GEMV).
+class SkinnyGemmChainGpu : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(SkinnyGemmChainGpu, ChainedLaunchesSeeTheEarlierOutput) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(44);
-  const int64_t m = 16, hidden = 4096, inter = 11008, wide = 22016;
+  const int64_t m = GetParam(), hidden = 4096, inter = 11008, wide = 22016;
   Case down(DType::bf16, SkinnyPrologue::swiglu, hidden, inter, rng);
   DeviceTensor norm(uniform(hidden, rng, 0.5f, 1.5f), DType::bf16), w(uniform(wide * hidden, rng, -2, 2), DType::bf16);
   core::Stream stream;
@@ -213,6 +227,8 @@ TEST(SkinnyGemmGpu, ChainedLaunchesSeeTheEarlierOutput) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Rows, SkinnyGemmChainGpu, ::testing::Values(1, 16));
+
 TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   GPULAB_REQUIRE_GPU();
   EXPECT_FALSE(skinny_gemm_fits(17, 64));
@@ -225,6 +241,12 @@ TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   EXPECT_THROW(skinny_gemm(buf.get(), DType::f32, false, in, buf.get(), DType::f32, 1, 8, 64, nullptr), core::Error);
   EXPECT_THROW(skinny_gemm(buf.get(), DType::bf16, true, in, buf.get(), DType::bf16, 1, 8, 64, nullptr), core::Error);
   EXPECT_THROW(skinny_gemm(buf.get() + 2, DType::f32, false, in, buf.get(), DType::bf16, 1, 8, 64, nullptr),
+               core::Error);
+  EXPECT_TRUE(skinny_gemv_fits(kGemvMaxRows, 11008));
+  EXPECT_FALSE(skinny_gemv_fits(kGemvMaxRows + 1, 64));
+  EXPECT_FALSE(skinny_gemv_fits(1, 1 << 20));  // its input rows would not fit in shared memory
+  EXPECT_THROW(skinny_gemm(buf.get(), DType::f32, false, in, buf.get(), DType::bf16, kGemvMaxRows + 1, 8, 64, nullptr,
+                           SkinnyKernel::gemv),
                core::Error);
 }
 

@@ -14,7 +14,9 @@
 
 #include "common/gpu.h"
 #include "core/error.h"
+#include "core/env.h"
 #include "core/safetensors.h"
+#include "kernels/skinny_gemm.h"
 #include "llm/cpu_model.h"
 #include "llm/cuda_engine.h"
 #include "llm/fixtures.h"
@@ -477,7 +479,7 @@ std::vector<std::vector<float>> teacher_forced(CudaEngine& engine, const std::ve
   return out;
 }
 
-EngineOptions decode_batch(int64_t max_batch, bool skinny, bool graphs = true) {
+EngineOptions decode_batch(int64_t max_batch, std::optional<bool> skinny, bool graphs = true) {
   EngineOptions opt;
   opt.max_batch = max_batch;
   opt.skinny_gemm = skinny;
@@ -495,6 +497,10 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
     GTEST_SKIP() << "skinny_gemm is switched off (GPULAB_SKINNY_GEMM=0)";
   EXPECT_FALSE(decode_uses_skinny_gemm(decode_batch(17, true), source.config()));
   EXPECT_FALSE(decode_uses_skinny_gemm(decode_batch(16, false), source.config()));
+  if (!core::env_switch("GPULAB_SKINNY_GEMM")) {  // unset: on where the GEMV kernel takes the pass
+    EXPECT_TRUE(decode_uses_skinny_gemm(decode_batch(kernels::kGemvMaxRows, std::nullopt), source.config()));
+    EXPECT_FALSE(decode_uses_skinny_gemm(decode_batch(kernels::kGemvMaxRows + 1, std::nullopt), source.config()));
+  }
   const auto cases = testing::load_fixture_cases("llama_tiny");
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& c : cases) prompts.push_back(c.ids);
