@@ -254,7 +254,7 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
   route("GET", "/metrics", [&scheduler](const core::HttpRequest&) {
     const SchedulerMetrics m = scheduler.metrics();
     std::ostringstream out;
-    auto metric = [&out](const char* name, const char* type, const char* help, int64_t value) {
+    auto metric = [&out](const char* name, const char* type, const char* help, auto value) {
       out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << value << "\n";
     };
     metric("gpulab_requests_total", "counter", "Requests accepted.", m.requests_total);
@@ -267,6 +267,9 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
     metric("gpulab_kv_capacity_tokens", "gauge", "KV cache capacity in tokens.", m.kv_capacity_tokens);
     metric("gpulab_kv_used_tokens", "gauge", "KV cache tokens reserved by running requests.", m.kv_capacity_tokens - m.kv_free_tokens);
     metric("gpulab_steps_total", "counter", "Engine steps run.", m.steps);
+    metric("gpulab_step_rows_total", "counter", "Tokens fed to the engine (prompt chunks and decodes).", m.step_rows);
+    metric("gpulab_engine_seconds_total", "counter", "Wall time inside engine steps.", m.engine_seconds);
+    metric("gpulab_step_seconds_total", "counter", "Wall time of whole steps (engine, sampling, text).", m.step_seconds);
     const ProcessMemory memory = process_memory();
     metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", memory.resident_bytes);
     metric("process_heap_in_use_bytes", "gauge", "Bytes of live malloc allocations.", memory.heap_in_use_bytes);

@@ -126,6 +126,7 @@ void Scheduler::finish(Active& a, const std::string& reason) {
 }
 
 bool Scheduler::step_once() {
+  const Clock::time_point began = Clock::now();
   std::vector<SeqId> seqs;
   std::vector<std::span<const int32_t>> chunks;
   std::vector<Active*> batch;
@@ -163,6 +164,7 @@ bool Scheduler::step_once() {
   // engine): no logits come back and nothing is sampled here.
   const bool all_greedy = std::ranges::all_of(batch, [](const Active* a) { return a->sampler.greedy(); });
   std::vector<int32_t> tokens(batch.size());
+  const Clock::time_point engine_began = Clock::now();
   if (all_greedy) {
     engine_.step_greedy(seqs, chunks, tokens);
   } else {
@@ -171,8 +173,11 @@ bool Scheduler::step_once() {
     engine_.step(seqs, chunks, step_logits_);
   }
 
+  const double engine_ms = ms_since(engine_began);
   std::lock_guard lock(mutex_);
   ++metrics_.steps;
+  for (const auto& c : chunks) metrics_.step_rows += static_cast<int64_t>(c.size());
+  metrics_.engine_seconds += engine_ms / 1e3;
   // The rows that have their next token now (a prompt fed whole), sampled first: a row sampled
   // with a temperature weighs the whole vocabulary (~0.1 ms for 32k entries), so several such
   // rows are sampled on several threads; greedy rows (~10 us) stay on this one.
@@ -245,6 +250,7 @@ bool Scheduler::step_once() {
   }
   std::erase_if(running_, [](const auto& a) { return a->done; });
   if (running_.empty() && waiting_.empty()) idle_.notify_all();
+  metrics_.step_seconds += ms_since(began) / 1e3;
   return true;
 }
 

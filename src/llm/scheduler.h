@@ -63,6 +63,9 @@ struct SchedulerMetrics {
   int64_t prompt_tokens_total = 0, generated_tokens_total = 0;
   int64_t kv_capacity_tokens = 0, kv_free_tokens = 0;
   int64_t steps = 0;
+  int64_t step_rows = 0;        // tokens fed to the engine over all steps (prompt chunks + one per decode)
+  double engine_seconds = 0;    // wall time inside the engine's step
+  double step_seconds = 0;      // wall time of whole steps: the engine, sampling, text, callbacks
 };
 
 class Scheduler {

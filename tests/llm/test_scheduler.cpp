@@ -37,12 +37,16 @@ class CountingEngine final : public Engine {
   }
   void step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks, std::span<float> logits) override {
     max_step = std::max<int64_t>(max_step, seqs.size());
+    ++steps;
     int64_t prompt_tokens = 0;  // chunks of one token count as decodes
-    for (const auto& c : chunks) prompt_tokens += c.size() > 1 ? static_cast<int64_t>(c.size()) : 0;
+    for (const auto& c : chunks) {
+      prompt_tokens += c.size() > 1 ? static_cast<int64_t>(c.size()) : 0;
+      rows += static_cast<int64_t>(c.size());
+    }
     max_step_prompt_tokens = std::max(max_step_prompt_tokens, prompt_tokens);
     inner_->step(seqs, chunks, logits);
   }
-  int64_t open_now = 0, max_open = 0, max_step = 0, max_step_prompt_tokens = 0;
+  int64_t open_now = 0, max_open = 0, max_step = 0, max_step_prompt_tokens = 0, steps = 0, rows = 0;
 
  private:
   std::unique_ptr<Engine> inner_;
@@ -92,6 +96,16 @@ TEST(Scheduler, StepPrefillBudgetBoundsEachStepAndChangesNoToken) {
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(got[i], cases[i].greedy) << "case " << i;
   EXPECT_LE(h.engine.max_step_prompt_tokens, 7);
   EXPECT_GE(h.engine.max_step_prompt_tokens, 6);  // steps did carry several requests' chunks
+  // The step counters /metrics shows: every step and every token fed (the prompt, then each
+  // generated token but the last), and the time inside the engine within the steps' time.
+  const SchedulerMetrics m = scheduler.metrics();
+  int64_t fed = 0;
+  for (const auto& c : cases) fed += static_cast<int64_t>(c.ids.size()) + 24 - 1;
+  EXPECT_EQ(m.steps, h.engine.steps);
+  EXPECT_EQ(m.step_rows, h.engine.rows);
+  EXPECT_EQ(m.step_rows, fed);
+  EXPECT_GT(m.engine_seconds, 0.0);
+  EXPECT_GE(m.step_seconds, m.engine_seconds);
   EXPECT_THROW(Scheduler(h.engine, h.tokenizer, {.step_prefill_tokens = 0}), core::InputError);
 }
 

@@ -366,6 +366,16 @@ def main():
         "heap_steady_bytes_per_request": round(heap_steady * MB / max(steady_requests, 1)),
         "rounds_memory": rounds,
     }
+    # Where the server's time went over the rounds (from /metrics, servers that count it):
+    # steps, tokens fed per step, and the share of the wall time inside the engine and in steps.
+    delta = lambda key: m.get(key, 0) - start_m.get(key, 0)  # noqa: E731
+    if "gpulab_engine_seconds_total" in m and delta("gpulab_steps_total") > 0:
+        steps = delta("gpulab_steps_total")
+        report["server_steps"] = int(steps)
+        report["server_rows_per_step"] = round(delta("gpulab_step_rows_total") / steps, 1)
+        report["server_engine_ms_per_step"] = round(1000 * delta("gpulab_engine_seconds_total") / steps, 2)
+        report["server_step_ms_per_step"] = round(1000 * delta("gpulab_step_seconds_total") / steps, 2)
+        report["server_engine_busy"] = round(delta("gpulab_engine_seconds_total") / elapsed, 3)
     checks = {
         "no failed requests": not stats.failures,
         "some requests completed": stats.ok > 0,
