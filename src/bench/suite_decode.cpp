@@ -1,7 +1,8 @@
 // gpulab bench decode: the linear layers of one LLaMA-2-7B decode step at 1, 2, 4, 8 and 16 rows,
 // kernels::skinny_gemm (norm / SwiGLU fused in; its GEMV kernel where that takes the rows, and
-// its tensor-core kernel) beside cuBLASLt with the kernels the unfused path launches before it. Decode is bound by reading the weights, so each figure is weight
-// bytes per second, against the HBM copy ceiling. Then paged decode attention (one layer,
+// its tensor-core kernel) beside cuBLASLt with the kernels the unfused path launches before it.
+// Decode is bound by reading the weights, so each figure is weight bytes per second, against the
+// HBM copy ceiling. Then paged decode attention (one layer,
 // LLaMA-2-7B and the GQA LLaMA-3-8B shape, batch 1 and 16, 256 and 2048 positions): time per
 // call, and K+V bytes read per second.
 #include <algorithm>
@@ -220,8 +221,9 @@ void run_decode_suite(Context& ctx) {
         const auto theirs = once([&](void* out) { unfused(m, out); }, g.into_residual ? y_check.get() : y);
         for (int64_t i = 0; i < m * n; ++i)
           if (!(std::abs(mine[i] - theirs[i]) <= 1e-2f * std::abs(theirs[i]) + 1e-9f))
-            throw core::Error(std::string("skinny_gemm (") + kernel_name(kernel) + ") and cuBLASLt disagree at element " +
-                              std::to_string(i) + ": " + std::to_string(mine[i]) + " vs " + std::to_string(theirs[i]));
+            throw core::Error(std::string("skinny_gemm (") + kernel_name(kernel) +
+                              ") and cuBLASLt disagree at element " + std::to_string(i) + ": " +
+                              std::to_string(mine[i]) + " vs " + std::to_string(theirs[i]));
       }
       for (int64_t m : kRowCounts) {
         const nlohmann::json params = {{"n", n}, {"k", k}, {"rows", m}, {"weight_bytes", weight_bytes},

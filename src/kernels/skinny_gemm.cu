@@ -351,7 +351,8 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const void* w,
     GPULAB_CHECK(cudaGetDevice(&device));
     GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     GPULAB_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * 32, smem));
-    if (per_sm < 1) throw core::Error("skinny_gemm: this GPU cannot hold " + std::to_string(smem) + " bytes of input rows in a block");
+    if (per_sm < 1)
+      throw core::Error("skinny_gemm: this GPU cannot hold " + std::to_string(smem) + " bytes of input rows in a block");
     // Every block resident at once (no second wave), none without a channel.
     const int64_t blocks = std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, (n + kGemvWarps - 1) / kGemvWarps);
     launch_overlapped(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kGemvWarps * 32), smem, stream,
@@ -429,7 +430,8 @@ void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInpu
       core::dispatch_activation(y_dtype, [&]<class Out>() {
         if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, T>) {
           switch (in.prologue) {
-            case SkinnyPrologue::none: return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream, gemv);
+            case SkinnyPrologue::none:
+              return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream, gemv);
             case SkinnyPrologue::rmsnorm:
               return launch<T, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream, gemv);
             case SkinnyPrologue::swiglu:

@@ -269,7 +269,8 @@ void add_openai_routes(core::HttpServer& server, Scheduler& scheduler, const Tok
     metric("gpulab_steps_total", "counter", "Engine steps run.", m.steps);
     metric("gpulab_step_rows_total", "counter", "Tokens fed to the engine (prompt chunks and decodes).", m.step_rows);
     metric("gpulab_engine_seconds_total", "counter", "Wall time inside engine steps.", m.engine_seconds);
-    metric("gpulab_step_seconds_total", "counter", "Wall time of whole steps (engine, sampling, text).", m.step_seconds);
+    metric("gpulab_step_seconds_total", "counter", "Wall time of whole steps (engine, sampling, text).",
+           m.step_seconds);
     const ProcessMemory memory = process_memory();
     metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", memory.resident_bytes);
     metric("process_heap_in_use_bytes", "gauge", "Bytes of live malloc allocations.", memory.heap_in_use_bytes);
