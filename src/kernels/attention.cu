@@ -154,13 +154,6 @@ int64_t max_split_blocks(int64_t max_seq_len) {
   return std::min<int64_t>((max_seq_len + kSplit - 1) / kSplit, kMaxSplitBlocks);
 }
 
-int current_sm_count() {
-  int device = 0, sms = 0;
-  GPULAB_CHECK(cudaGetDevice(&device));
-  GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 // The most of `passes` (halving) whose keys and values (regs_per_pass each) fit in the budget
 // beside acc_regs accumulators.
 constexpr int passes_in_flight(int passes, int regs_per_pass, int acc_regs) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/pdl.h"
 
 namespace gpulab::kernels {
 
@@ -13,10 +14,7 @@ constexpr int kThreads = 256;
 
 int default_blocks(int blocks) {
   if (blocks > 0) return blocks;
-  int device = 0, sms = 0;
-  GPULAB_CHECK(cudaGetDevice(&device));
-  GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms * 8;  // 8 blocks of 256 per SM: 2048 threads, full occupancy for these kernels
+  return current_sm_count() * 8;  // 8 blocks of 256 per SM: 2048 threads, full occupancy for these kernels
 }
 
 void require_16(size_t bytes) {

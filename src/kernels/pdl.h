@@ -1,4 +1,5 @@
-// Programmatic dependent launch (sm_90): a kernel launched with launch_overlapped may start its
+// Launch helpers the kernels share: the SM count for grid sizing, and programmatic dependent
+// launch (sm_90): a kernel launched with launch_overlapped may start its
 // blocks while the kernel before it on the stream is still running, once that one has called
 // pdl_launch_dependents (or at its end if it never does). The early start hides the launch
 // and ramp-up between the short kernels of a decode step. The rule that keeps it correct: a
@@ -31,6 +32,14 @@ __device__ inline void pdl_wait() {
 #endif
 }
 #endif
+
+// The current GPU's SM count, for sizing grids.
+inline int current_sm_count() {
+  int device = 0, sms = 0;
+  GPULAB_CHECK(cudaGetDevice(&device));
+  GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
 
 template <class... Params, class... Args>
 void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

@@ -347,14 +347,13 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const void* w,
     const size_t smem = M * k * sizeof(T);
     if (smem > 48 * 1024)
       GPULAB_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    int device = 0, sms = 0, per_sm = 0;
-    GPULAB_CHECK(cudaGetDevice(&device));
-    GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int per_sm = 0;
     GPULAB_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * 32, smem));
     if (per_sm < 1)
       throw core::Error("skinny_gemm: this GPU cannot hold " + std::to_string(smem) + " bytes of input rows in a block");
     // Every block resident at once (no second wave), none without a channel.
-    const int64_t blocks = std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, (n + kGemvWarps - 1) / kGemvWarps);
+    const int64_t blocks =
+        std::min<int64_t>(static_cast<int64_t>(current_sm_count()) * per_sm, (n + kGemvWarps - 1) / kGemvWarps);
     launch_overlapped(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kGemvWarps * 32), smem, stream,
                       static_cast<Out*>(y), accumulate, in.x, static_cast<const T*>(in.norm_weight), in.eps,
                       static_cast<const T*>(w), n, k);
@@ -368,9 +367,7 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const void* w,
 // channels, enough that two blocks per SM still find work. Four only past 8 rows, where x is
 // large and four slabs keep as many weight loads in flight as two (chunks_per_step).
 int slabs_per_block(int64_t m, int64_t n) {
-  int device = 0, sms = 0;
-  GPULAB_CHECK(cudaGetDevice(&device));
-  GPULAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = current_sm_count();
   for (int s : {4, 2})
     if ((s < 4 || m > 8) && (n + 16 * s - 1) / (16 * s) >= 2 * sms) return s;
   return 1;
