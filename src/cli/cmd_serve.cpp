@@ -100,6 +100,10 @@ void add_serve_command(CLI::App& app, Runner& run) {
                   "bounds a step, so streams already decoding keep their pace while long prompts arrive")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  sub->add_flag("--pack-prefill", opt->model.engine.cuda.pack_chunks,
+                "With --device cuda: the prompt chunks of a step share forward passes (one weight read for many "
+                "prompts) instead of one pass each; more throughput under load, but a request's tokens may then "
+                "differ within bf16 rounding with the prompts it arrives beside");
   sub->add_option("--api-key", opt->api_key,
                   "Require `Authorization: Bearer KEY` on every route but /health (or set GPULAB_API_KEY)")
       ->envname("GPULAB_API_KEY");

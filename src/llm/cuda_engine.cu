@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -99,6 +100,7 @@ struct StepOutput {
   float* logits = nullptr;
   int32_t* tokens = nullptr;
 };
+constexpr size_t kNoRow = SIZE_MAX;  // a pass's piece whose result nobody asked for
 
 }  // namespace
 
@@ -138,6 +140,7 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<bf16> linear_out;
   bool fp8_into_float = false;  // cuBLASLt accumulates fp8 products into the float residual itself
   bool skinny_decode = false;   // decode_uses_skinny_gemm
+  std::atomic<int64_t> passes = 0;  // forward passes run (warm-up included)
   core::PinnedBuffer<float> logits_host;
   core::DeviceBuffer<int32_t> greedy;  // a pass's greedy tokens [max_batch], and their host copy
   core::PinnedBuffer<int32_t> greedy_host;
@@ -584,11 +587,12 @@ struct CudaEngine::Impl {
   }
 
   // One forward pass over `pieces` (at most max_batch, at most max_tokens rows in all). Writes
-  // the logits of each piece's last token to out.logits[i · vocab] (for every token when
-  // all_rows, then with a single piece of at most logit_rows) and its greedy token to
-  // out.tokens[i] (picked on the GPU; not with all_rows or tensor parallelism), and advances
-  // each sequence's cached length.
-  void forward(const std::vector<Piece>& pieces, StepOutput out, bool all_rows) {
+  // the logits of piece i's last token to out.logits[r · vocab] and its greedy token to
+  // out.tokens[r] (picked on the GPU; not with all_rows or tensor parallelism), r = out_rows[i]
+  // (kNoRow: no result) or i where out_rows is empty; with all_rows, the logits of every token
+  // to out.logits (a single piece of at most logit_rows). Advances each sequence's cached length.
+  void forward(const std::vector<Piece>& pieces, StepOutput out, bool all_rows,
+               std::span<const size_t> out_rows = {}) {
     const int64_t b = static_cast<int64_t>(pieces.size()), V = cfg.vocab_size;
     // Rows: single-token pieces first (decode attention), then the chunks (prefill attention).
     std::vector<int64_t> order;
@@ -650,9 +654,14 @@ struct CudaEngine::Impl {
       GPULAB_CHECK(cudaMemcpyAsync(greedy_host.get(), greedy.get(), b * 4, cudaMemcpyDeviceToHost, *stream));
     }
     stream->synchronize();
-    if (out.logits && !all_rows) std::copy_n(logits_host.get(), b * V, out.logits);
-    if (out.tokens) std::copy_n(greedy_host.get(), b, out.tokens);
+    for (int64_t i = 0; i < b && !all_rows; ++i) {
+      const size_t r = out_rows.empty() ? static_cast<size_t>(i) : out_rows[i];
+      if (r == kNoRow) continue;
+      if (out.logits) std::copy_n(logits_host.get() + i * V, V, out.logits + r * V);
+      if (out.tokens) out.tokens[r] = greedy_host.get()[i];
+    }
     for (const Piece& p : pieces) p.seq->kv_len += static_cast<int64_t>(p.tokens.size());
+    ++passes;
   }
 
   void capture_decode(int64_t padded) {
@@ -700,7 +709,8 @@ struct CudaEngine::Impl {
     return it->second;
   }
 
-  // CudaEngine::step and step_greedy: the decodes in one pass, then each longer chunk alone.
+  // CudaEngine::step and step_greedy: the decodes in one pass, then the longer chunks (packed
+  // together with pack_chunks).
   void step(std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> chunks, StepOutput out);
 };
 
@@ -885,7 +895,7 @@ void CudaEngine::Impl::step(std::span<const SeqId> seqs, std::span<const std::sp
   if (static_cast<int64_t>(seqs.size()) > opt.max_batch)
     throw core::Error("CudaEngine::step: more sequences than max_batch");
   std::vector<Piece> decodes;
-  std::vector<size_t> decode_index;
+  std::vector<size_t> decode_rows;
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence& s = sequence(seqs[i]);
     if (chunks[i].empty()) throw core::Error("CudaEngine::step: an empty chunk");
@@ -897,42 +907,41 @@ void CudaEngine::Impl::step(std::span<const SeqId> seqs, std::span<const std::sp
                                std::to_string(V) + ")");
     if (chunks[i].size() == 1) {
       decodes.push_back({&s, chunks[i]});
-      decode_index.push_back(i);
+      decode_rows.push_back(i);
     }
   }
-  const auto row = [&](StepOutput o, size_t i) -> StepOutput {
-    return {o.logits ? o.logits + i * V : nullptr, o.tokens ? o.tokens + i : nullptr};
+  // Single tokens go together in one decode pass of max_batch rows. Longer chunks run in pieces
+  // of at most max_tokens rows (each over the part already cached): one pass each, so every GEMM
+  // a sequence sees has the same shape whatever it is batched with and its tokens do not depend
+  // on the batch; or with pack_chunks, as many pieces a pass as fit. Only a chunk's last piece
+  // has a result, and only it can be shorter than max_tokens: a sequence's pieces never share a
+  // pass, so each pass sees the sequence's cache up to its own piece.
+  if (!decodes.empty()) forward(decodes, out, false, decode_rows);
+  std::vector<Piece> pass;
+  std::vector<size_t> pass_rows;
+  int64_t pass_tokens = 0;
+  const auto run_pass = [&] {
+    if (pass.empty()) return;
+    forward(pass, out, false, pass_rows);
+    pass.clear(), pass_rows.clear(), pass_tokens = 0;
   };
-  // Single tokens go together in one decode pass of max_batch rows; each longer chunk runs in
-  // passes of its own (of at most max_tokens rows, each over the part already cached). So every
-  // GEMM a sequence sees has the same shape whatever it is batched with, and its tokens do not
-  // depend on the batch.
-  // Results land in the caller's rows, except a decode pass's when the decodes are not the first
-  // rows of the batch (the pass writes rows 0 .. decodes-1): those go through a scratch. No
-  // per-step buffer otherwise: at 64 rows of a 128k vocabulary it would be 31 MiB to fill.
-  if (!decodes.empty()) {
-    const bool in_place = decode_index.back() + 1 == decodes.size();
-    std::vector<float> logit_scratch(out.logits && !in_place ? decodes.size() * V : 0);
-    std::vector<int32_t> token_scratch(out.tokens && !in_place ? decodes.size() : 0);
-    forward(decodes, in_place ? out : StepOutput{out.logits ? logit_scratch.data() : nullptr,
-                                                 out.tokens ? token_scratch.data() : nullptr},
-            false);
-    for (size_t j = 0; j < decodes.size() && !in_place; ++j) {
-      const StepOutput to = row(out, decode_index[j]);
-      if (to.logits) std::copy_n(logit_scratch.data() + j * V, V, to.logits);
-      if (to.tokens) *to.tokens = token_scratch[j];
-    }
-  }
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (chunks[i].size() == 1) continue;
     Sequence& s = sequence(seqs[i]);
     for (size_t t0 = 0; t0 < chunks[i].size(); t0 += static_cast<size_t>(max_tokens)) {
-      const size_t n = std::min(chunks[i].size() - t0, static_cast<size_t>(max_tokens));
-      const bool last = t0 + n == chunks[i].size();  // only the chunk's last token has a result
-      forward({{&s, chunks[i].subspan(t0, n)}}, last ? row(out, i) : StepOutput{}, false);
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(chunks[i].size() - t0), max_tokens);
+      const bool fits =
+          opt.pack_chunks && pass_tokens + n <= max_tokens && static_cast<int64_t>(pass.size()) < opt.max_batch;
+      if (!fits) run_pass();
+      pass.push_back({&s, chunks[i].subspan(t0, n)});
+      pass_rows.push_back(t0 + n == chunks[i].size() ? i : kNoRow);
+      pass_tokens += n;
     }
   }
+  run_pass();
 }
+
+int64_t CudaEngine::forward_passes() const { return impl_->passes; }
 
 std::vector<float> CudaEngine::logits(std::span<const int32_t> ids) {
   Impl& m = *impl_;

@@ -43,6 +43,12 @@ struct EngineOptions {
   // tensor-core kernel (8 or 16 rows) lost to cuBLASLt there: 5.26 / 7.22 against 4.74 / 5.01 ms.
   // true / false: up to 16 rows / never. GPULAB_SKINNY_GEMM=1 or 0 overrides this.
   std::optional<bool> skinny_gemm;
+  // Prompt chunks of one step share forward passes (up to max_step_tokens rows and max_batch
+  // chunks a pass) instead of running one pass each: a serve step that admits many prompts then
+  // reads the weights once per pass rather than once per prompt. A chunk's logits then depend on
+  // the chunks packed beside it (the GEMMs change shape), within bf16 rounding; off, every
+  // sequence's tokens are independent of its batch. Decode steps are unchanged either way.
+  bool pack_chunks = false;
   WeightFormat weights = WeightFormat::bf16;
   Fp8ActivationScale fp8_activations = Fp8ActivationScale::token;
   // Tensor parallel (see llm/tensor_parallel.h): this engine is rank shard.rank of shard.world
@@ -99,6 +105,8 @@ class CudaEngine final : public Engine {
 
   // Logits [ids.size(), vocab] in float32 of every position of one prompt.
   std::vector<float> logits(std::span<const int32_t> ids);
+  // Forward passes run so far (each one read of the weights): what pack_chunks saves.
+  int64_t forward_passes() const;
 
   struct Capacity {
     int64_t kv_blocks = 0;

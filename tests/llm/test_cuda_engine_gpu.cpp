@@ -252,6 +252,74 @@ TEST(CudaEngine, ChunkedStepsGiveTheLogitsOfOneForward) {
   EXPECT_EQ(engine.kv_free_tokens(), engine.capacity().kv_blocks * engine.capacity().block_size);  // every page back
 }
 
+// pack_chunks: the prompt chunks of a step share passes (at most max_step_tokens rows each), a
+// sequence's pieces never in one pass. Chunks of 141 (64 + 64 + 13), 20, 30, 65 (64 + 1) and 9
+// tokens beside one decode: one pass a piece and the decode pass (9) unpacked; packed, the
+// decode pass then [64] [64] [13 20 30] [64] [1 9] (6). The logits agree within bf16 rounding
+// with the unpacked ones and with float32, in this step and in a decode step after it (so the
+// packed passes wrote every sequence's KV cache where it belongs).
+TEST(CudaEngine, PackedChunksMatchOnePassPerChunk) {
+  GPULAB_REQUIRE_GPU();
+  constexpr int64_t V = 1024;
+  const auto source = tiny();
+  const CpuModel cpu(source);
+  std::mt19937 rng(11);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t len : {5, 141, 20, 30, 65, 9}) {  // the first is fed before and then decodes
+    std::vector<int32_t> ids(len + 1);
+    for (auto& id : ids) id = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
+    prompts.push_back(ids);
+  }
+  struct Run {
+    std::vector<float> chunk_step, decode_step;
+    int64_t passes = 0;
+  };
+  const auto run = [&](bool pack) {
+    EngineOptions opt;
+    opt.max_step_tokens = 64;
+    opt.pack_chunks = pack;
+    CudaEngine engine(source, modest(opt));
+    std::vector<SeqId> seqs;
+    for (const auto& p : prompts) seqs.push_back(*engine.open(static_cast<int64_t>(p.size())));
+    std::vector<float> scratch(V);
+    const std::span<const int32_t> first[1] = {std::span(prompts[0]).first(prompts[0].size() - 2)};
+    engine.step(std::span(seqs).first(1), first, scratch);
+    Run r;
+    std::vector<std::span<const int32_t>> chunks = {std::span(prompts[0]).subspan(prompts[0].size() - 2, 1)};
+    for (size_t i = 1; i < prompts.size(); ++i) chunks.push_back(std::span(prompts[i]).first(prompts[i].size() - 1));
+    r.chunk_step.resize(prompts.size() * V);
+    const int64_t before = engine.forward_passes();
+    engine.step(seqs, chunks, r.chunk_step);
+    r.passes = engine.forward_passes() - before;
+    chunks.clear();
+    for (const auto& p : prompts) chunks.push_back(std::span(p).last(1));
+    r.decode_step.resize(prompts.size() * V);
+    engine.step(seqs, chunks, r.decode_step);
+    for (SeqId s : seqs) engine.close(s);
+    EXPECT_EQ(engine.kv_free_tokens(), engine.capacity().kv_blocks * engine.capacity().block_size);
+    return r;
+  };
+  const Run packed = run(true), alone = run(false);
+  EXPECT_EQ(alone.passes, 9);
+  EXPECT_EQ(packed.passes, 6);
+  const auto row_of = [&](const std::vector<float>& all, size_t r) {
+    return std::vector<float>(all.begin() + r * V, all.begin() + (r + 1) * V);
+  };
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<float> fp32 = cpu.logits(prompts[i]);
+    const size_t T = prompts[i].size();
+    for (const auto& [name, field, row] :
+         {std::tuple{"chunk step", &Run::chunk_step, T - 2}, std::tuple{"decode step", &Run::decode_step, T - 1}}) {
+      const std::vector<float> mine = row_of(packed.*field, i);
+      const Agreement a = compare_logits(mine, row_of(alone.*field, i), V), f = compare_logits(mine, row_of(fp32, row), V);
+      std::printf("prompt %zu %s: packed vs one pass a chunk rel L2 %.2e; vs float32 %.2e\n", i, name, a.rel_l2,
+                  f.rel_l2);
+      EXPECT_LE(a.rel_l2, 5e-3) << "prompt " << i << " " << name;
+      EXPECT_LE(f.rel_l2, 2e-2) << "prompt " << i << " " << name;
+    }
+  }
+}
+
 // Greedy continuations through the scheduler (continuous batching), stop tokens ignored.
 std::vector<std::vector<int32_t>> greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                          int64_t max_new, SchedulerOptions options = {}) {
@@ -506,7 +574,7 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
   for (const auto& c : cases) prompts.push_back(c.ids);
   constexpr int64_t V = 1024;
   const CpuModel cpu(source);
-  for (int64_t batch : {int64_t{1}, int64_t{5}, int64_t{16}}) {
+  for (int64_t batch : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{16}}) {  // GEMV: 1, 2 rows
     CudaEngine skinny(source, decode_batch(batch, true)), cublas(source, decode_batch(batch, false));
     CudaEngine eager(source, decode_batch(batch, true, false));
     const auto got = teacher_forced(skinny, prompts), want = teacher_forced(cublas, prompts);
