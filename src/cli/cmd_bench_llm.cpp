@@ -44,7 +44,7 @@ void add_results(core::ResultLog& log, const llm::LlmBenchReport& r, const llm::
     p.update({{"batch", f.batch}, {"ttft_ms", f.ttft_ms}, {"step_ms_median", f.step_ms_median},
               {"step_ms_p90", f.step_ms_p90}, {"end_to_end_tokens_per_s", f.end_to_end_tokens_per_s},
               {"bytes_per_step", f.bytes_per_step}, {"floor_ms", f.floor_ms},
-              {"decode_gemm", f.skinny_gemm ? "skinny" : "cublaslt"}, {"all_reduce", f.all_reduce}});
+              {"decode_gemm", to_string(f.decode_gemm)}, {"all_reduce", f.all_reduce}});
     const std::string name = "decode_b" + std::to_string(f.batch);
     // The peak is the floor's token rate, so `fraction` is the fraction of the floor.
     log.add({"llm", name, "tokens_per_second", f.decode_tokens_per_s, "tokens/s", 1e3 * f.batch / f.floor_ms, p});

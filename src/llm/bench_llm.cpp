@@ -215,7 +215,7 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
 
     DecodeFigures f;
     f.batch = batch;
-    f.skinny_gemm = s.tp == 1 && decode_uses_skinny_gemm(s.cuda, c);
+    f.decode_gemm = s.tp == 1 ? decode_skinny_gemm(s.cuda, c) : DecodeSkinny::none;
     if (s.tp > 1) f.all_reduce = residual_wants_symmetric_memory(s.cuda) ? "symmetric" : "plain";
     std::vector<std::span<const int32_t>> chunks(prompts.begin(), prompts.end());
     auto t0 = Clock::now();
@@ -241,7 +241,7 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     f.fraction_of_floor = f.step_ms_median > 0 ? f.floor_ms / f.step_ms_median : 0;
     core::log_info("bench llm: batch ", batch, ": ", f.step_ms_median, " ms/step, ", f.decode_tokens_per_s,
                    " tokens/s, ", 100 * f.fraction_of_floor, "% of the floor (decode GEMMs: ",
-                   f.skinny_gemm ? "skinny_gemm" : "cuBLASLt", ")");
+                   to_string(f.decode_gemm), ")");
     report.decode.push_back(f);
   }
 

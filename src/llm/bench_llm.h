@@ -39,7 +39,7 @@ struct DecodeFigures {
   double bytes_per_step = 0;     // weights read + mean KV read per step
   double floor_ms = 0;           // bytes_per_step over the copy bandwidth
   double fraction_of_floor = 0;  // floor_ms / step_ms_median
-  bool skinny_gemm = false;      // decode GEMMs on kernels::skinny_gemm (else cuBLASLt)
+  DecodeSkinny decode_gemm = DecodeSkinny::none;  // decode layers on kernels::skinny_gemm (else cuBLASLt)
   // The residual's all-reduce: "none" (one GPU), "symmetric" (NCCL symmetric memory asked for;
   // the log says whether NCCL gave the window) or "plain".
   const char* all_reduce = "none";

@@ -139,7 +139,7 @@ struct CudaEngine::Impl {
   core::DeviceBuffer<float> act_scales, row_amax;
   core::DeviceBuffer<bf16> linear_out;
   bool fp8_into_float = false;  // cuBLASLt accumulates fp8 products into the float residual itself
-  bool skinny_decode = false;   // decode_uses_skinny_gemm
+  DecodeSkinny skinny_decode = DecodeSkinny::none;  // decode_skinny_gemm
   std::atomic<int64_t> passes = 0;  // forward passes run (warm-up included)
   core::PinnedBuffer<float> logits_host;
   core::DeviceBuffer<int32_t> greedy;  // a pass's greedy tokens [max_batch], and their host copy
@@ -216,9 +216,10 @@ struct CudaEngine::Impl {
     kernels::accumulate(static_cast<float*>(y), out, kAct, m * L.n, *stream);
   }
 
-  // Whether a pass of n rows, `prefills` of them prefill chunks, runs on skinny_gemm.
-  bool skinny_pass(int64_t n, int64_t prefills) const {
-    return skinny_decode && prefills == 0 && n <= kernels::kSkinnyMaxRows;
+  // Whether a pass of n rows, `prefills` of them prefill chunks, runs `which` layers on
+  // skinny_gemm (o_proj: o_proj at least).
+  bool skinny_pass(int64_t n, int64_t prefills, DecodeSkinny which = DecodeSkinny::all) const {
+    return skinny_decode >= which && prefills == 0 && n <= kernels::kSkinnyMaxRows;
   }
 
   // y = input·Wᵀ (+ y with beta 1, into float) by skinny_gemm, the input through its prologue.
@@ -532,7 +533,7 @@ struct CudaEngine::Impl {
                                    dmeta(meta_at.cu_q), dmeta(meta_at.seq_lens) + decodes, prefills, max_chunk, shape,
                                    kAct, *stream);
       }
-      if (skinny)  // x += attn · Woᵀ
+      if (skinny_pass(n, prefills, DecodeSkinny::o_proj))  // x += attn · Woᵀ
         skinny_linear(L.o, {attn.get()}, x.get(), DType::f32, n, residual_beta());
       else
         linear(L.o, attn.get(), x.get(), DType::f32, n, residual_beta());
@@ -790,7 +791,7 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim, c.dtype);
   m.inv_freq = core::DeviceBuffer<float>(inv.size());
   m.copy_up(m.inv_freq.get(), inv.data(), inv.size() * 4);
-  m.skinny_decode = decode_uses_skinny_gemm(options, m.model);
+  m.skinny_decode = decode_skinny_gemm(options, m.model);
   m.allocate_buffers();
   if (options.comm && m.part.shard.rank == 0)
     core::log_info("tensor parallel: the residual's all-reduces run over ",
@@ -809,15 +810,26 @@ bool residual_wants_symmetric_memory(const EngineOptions& options) {
   return env.value_or(options.nccl_symmetric);
 }
 
-bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
+DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
   static const std::optional<bool> env = core::env_switch("GPULAB_SKINNY_GEMM");
   const auto takes = [&](bool (*fits)(int64_t, int64_t)) {
     return fits(options.max_batch, model.hidden_size) && fits(options.max_batch, model.q_dim()) &&
            fits(options.max_batch, model.intermediate_size);
   };
-  const bool wanted = env ? *env : options.skinny_gemm ? *options.skinny_gemm : takes(kernels::skinny_gemv_fits);
-  return wanted && options.weights == WeightFormat::bf16 && options.shard.world == 1 &&
-         takes(kernels::skinny_gemm_fits);
+  if (options.weights != WeightFormat::bf16 || options.shard.world != 1 || !takes(kernels::skinny_gemm_fits))
+    return DecodeSkinny::none;
+  if (const std::optional<bool> all = env ? env : options.skinny_gemm)
+    return *all ? DecodeSkinny::all : DecodeSkinny::none;
+  return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::o_proj;
+}
+
+const char* to_string(DecodeSkinny which) {
+  switch (which) {
+    case DecodeSkinny::none: return "cublaslt";
+    case DecodeSkinny::o_proj: return "cublaslt+skinny_o_proj";
+    case DecodeSkinny::all: return "skinny";
+  }
+  return "?";
 }
 
 const LlamaConfig& CudaEngine::config() const { return impl_->model; }

@@ -38,10 +38,13 @@ struct EngineOptions {
   bool cuda_graphs = true;           // replay pure decode steps from CUDA graphs
   // Decode passes of at most 16 rows with bf16 weights can run their linear layers on
   // kernels::skinny_gemm (the norms and the SwiGLU gate fused into it) instead of cuBLASLt.
-  // Unset: where its GEMV kernel takes the decode pass (max_batch ≤ kernels::kGemvMaxRows): on
-  // the H200, 7B batch 1, 3.69-3.75 against 4.33-4.37 ms a step on cuBLASLt (session 9). Its
-  // tensor-core kernel (8 or 16 rows) lost to cuBLASLt there: 5.26 / 7.22 against 4.74 / 5.01 ms.
-  // true / false: up to 16 rows / never. GPULAB_SKINNY_GEMM=1 or 0 overrides this.
+  // Unset (decode_skinny_gemm): every layer where its GEMV kernel takes the decode pass
+  // (max_batch ≤ kernels::kGemvMaxRows): on the H200, 7B batch 1, 3.69-3.75 against 4.33-4.37 ms
+  // a step on cuBLASLt (session 9); above that, up to 16 rows, o_proj alone on its tensor-core
+  // kernel: 3.6-4.4 % off a batch-8 step, 0.5-1.9 % at 16 (session 10), while every layer on it
+  // lost to cuBLASLt there (batch 8 / 16: 5.26 / 7.22 against 4.74 / 5.01 ms, session 9).
+  // true / false: every layer up to 16 rows / none.
+  // GPULAB_SKINNY_GEMM=1 or 0 overrides this.
   std::optional<bool> skinny_gemm;
   // Prompt chunks of one step share forward passes (up to max_step_tokens rows and max_batch
   // chunks a pass) instead of running one pass each: a serve step that admits many prompts then
@@ -70,10 +73,14 @@ struct EngineOptions {
 // memory (nccl_symmetric, unless GPULAB_NCCL_SYMMETRIC says otherwise).
 bool residual_wants_symmetric_memory(const EngineOptions& options);
 
-// Whether an engine with these options and this model runs its decode passes on skinny_gemm
-// (GPULAB_SKINNY_GEMM, else options.skinny_gemm, else whether its GEMV takes them; single GPU,
-// bf16 weights, max_batch ≤ 16, widths of whole 16-byte pieces).
-bool decode_uses_skinny_gemm(const EngineOptions& options, const LlamaConfig& model);
+// Which linear layers of an engine's decode passes run on kernels::skinny_gemm rather than
+// cuBLASLt (EngineOptions::skinny_gemm, GPULAB_SKINNY_GEMM): only with a single GPU, bf16
+// weights, max_batch ≤ 16 and rows of whole 16-byte pieces. Ordered: each takes in the
+// layers of the one before.
+enum class DecodeSkinny { none, o_proj, all };
+DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig& model);
+const char* to_string(DecodeSkinny which);  // "cublaslt", "cublaslt+skinny_o_proj", "skinny"
+
 
 class CudaEngine final : public Engine {
  public:

@@ -561,13 +561,17 @@ EngineOptions decode_batch(int64_t max_batch, std::optional<bool> skinny, bool g
 TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
   GPULAB_REQUIRE_GPU();
   const auto source = tiny();
-  if (!decode_uses_skinny_gemm(decode_batch(16, true), source.config()))
-    GTEST_SKIP() << "skinny_gemm is switched off (GPULAB_SKINNY_GEMM=0)";
-  EXPECT_FALSE(decode_uses_skinny_gemm(decode_batch(17, true), source.config()));
-  EXPECT_FALSE(decode_uses_skinny_gemm(decode_batch(16, false), source.config()));
-  if (!core::env_switch("GPULAB_SKINNY_GEMM")) {  // unset: on where the GEMV kernel takes the pass
-    EXPECT_TRUE(decode_uses_skinny_gemm(decode_batch(kernels::kGemvMaxRows, std::nullopt), source.config()));
-    EXPECT_FALSE(decode_uses_skinny_gemm(decode_batch(kernels::kGemvMaxRows + 1, std::nullopt), source.config()));
+  const auto which = [&](int64_t max_batch, std::optional<bool> skinny) {
+    return decode_skinny_gemm(decode_batch(max_batch, skinny), source.config());
+  };
+  if (which(16, true) != DecodeSkinny::all) GTEST_SKIP() << "skinny_gemm is switched off (GPULAB_SKINNY_GEMM=0)";
+  EXPECT_EQ(which(17, true), DecodeSkinny::none);
+  EXPECT_EQ(which(16, false), DecodeSkinny::none);
+  if (!core::env_switch("GPULAB_SKINNY_GEMM")) {  // unset: all where the GEMV takes the pass, else o_proj
+    EXPECT_EQ(which(kernels::kGemvMaxRows, std::nullopt), DecodeSkinny::all);
+    EXPECT_EQ(which(kernels::kGemvMaxRows + 1, std::nullopt), DecodeSkinny::o_proj);
+    EXPECT_EQ(which(16, std::nullopt), DecodeSkinny::o_proj);
+    EXPECT_EQ(which(17, std::nullopt), DecodeSkinny::none);
   }
   const auto cases = testing::load_fixture_cases("llama_tiny");
   std::vector<std::vector<int32_t>> prompts;
@@ -579,16 +583,24 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
     CudaEngine eager(source, decode_batch(batch, true, false));
     const auto got = teacher_forced(skinny, prompts), want = teacher_forced(cublas, prompts);
     const auto got_eager = teacher_forced(eager, prompts);
+    // Above the GEMV's rows, the default runs o_proj alone on skinny_gemm.
+    std::optional<CudaEngine> mixed;
+    if (batch > kernels::kGemvMaxRows) mixed.emplace(source, decode_batch(batch, std::nullopt));
+    const auto got_mixed = mixed ? teacher_forced(*mixed, prompts) : got;
     for (size_t i = 0; i < cases.size(); ++i) {
       const size_t first = std::max<size_t>(1, prompts[i].size() / 2) - 1;
-      const std::vector<float> mine(got[i].begin() + first * V, got[i].end());
-      const std::vector<float> theirs(want[i].begin() + first * V, want[i].end());
-      const std::vector<float> fp32(cases[i].logits.begin() + first * V, cases[i].logits.end());
-      const Agreement a = compare_logits(mine, theirs, V), f = compare_logits(mine, fp32, V);
-      std::printf("batch %lld case %zu: skinny vs cuBLASLt rel L2 %.2e top-1 %lld/%lld; vs float32 rel L2 %.2e\n",
-                  (long long)batch, i, a.rel_l2, (long long)a.top1_agree, (long long)a.rows, f.rel_l2);
+      const auto from_first = [&](const std::vector<float>& all) {
+        return std::vector<float>(all.begin() + first * V, all.end());
+      };
+      const std::vector<float> mine = from_first(got[i]), theirs = from_first(want[i]);
+      const Agreement a = compare_logits(mine, theirs, V), f = compare_logits(mine, from_first(cases[i].logits), V);
+      const Agreement o = compare_logits(from_first(got_mixed[i]), theirs, V);
+      std::printf("batch %lld case %zu: skinny vs cuBLASLt rel L2 %.2e top-1 %lld/%lld; vs float32 rel L2 %.2e; "
+                  "o_proj alone on skinny vs cuBLASLt %.2e\n",
+                  (long long)batch, i, a.rel_l2, (long long)a.top1_agree, (long long)a.rows, f.rel_l2, o.rel_l2);
       EXPECT_LE(a.rel_l2, 5e-3) << "batch " << batch << " case " << i;
       EXPECT_LE(f.rel_l2, 2e-2) << "batch " << batch << " case " << i;
+      EXPECT_LE(o.rel_l2, 5e-3) << "batch " << batch << " case " << i;
       EXPECT_EQ(got_eager[i], got[i]) << "batch " << batch << " case " << i << ": graph replay differs from eager";
     }
     // Greedy through the scheduler: the same tokens, or where they part, a float32 near tie
@@ -622,7 +634,7 @@ TEST(CudaEngine, SkinnyGemmDecodeWithBiasesMatchesTheCpuModel) {
   cfg.qkv_bias = true;
   cfg.o_bias = true;
   const auto source = WeightSource::random(cfg, 4);
-  if (!decode_uses_skinny_gemm(decode_batch(4, true), cfg)) GTEST_SKIP() << "skinny_gemm is switched off";
+  if (decode_skinny_gemm(decode_batch(4, true), cfg) != DecodeSkinny::all) GTEST_SKIP() << "skinny_gemm is switched off";
   CudaEngine engine(source, decode_batch(4, true));
   const CpuModel cpu(source);
   const std::vector<std::vector<int32_t>> prompts = {{1, 50, 900, 3, 3, 3, 77, 12, 5}, {7, 7, 8}};
