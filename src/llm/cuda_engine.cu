@@ -595,6 +595,8 @@ struct CudaEngine::Impl {
   void forward(const std::vector<Piece>& pieces, StepOutput out, bool all_rows,
                std::span<const size_t> out_rows = {}) {
     const int64_t b = static_cast<int64_t>(pieces.size()), V = cfg.vocab_size;
+    // A pass of pieces that are none of them a chunk's last copies back no logits and picks no tokens.
+    if (!out_rows.empty() && std::ranges::all_of(out_rows, [](size_t r) { return r == kNoRow; })) out = {};
     // Rows: single-token pieces first (decode attention), then the chunks (prefill attention).
     std::vector<int64_t> order;
     for (int64_t i = 0; i < b; ++i)

@@ -81,7 +81,6 @@ enum class DecodeSkinny { none, o_proj, all };
 DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig& model);
 const char* to_string(DecodeSkinny which);  // "cublaslt", "cublaslt+skinny_o_proj", "skinny"
 
-
 class CudaEngine final : public Engine {
  public:
   // Throws core::NoDeviceError without a GPU, core::InputError when the model or its buffers
