@@ -1,7 +1,6 @@
 // gpulab bench decode: the linear layers of one LLaMA-2-7B decode step at 1, 2, 4, 8 and 16 rows,
-// kernels::skinny_gemm (norm / SwiGLU fused in; its GEMV kernel where that takes the rows, its
-// register tensor-core kernel, and its staged one where the rows fit in shared memory) beside
-// cuBLASLt with the kernels the unfused path launches before it.
+// kernels::skinny_gemm (norm / SwiGLU fused in; its GEMV kernel where that takes the rows, and
+// its tensor-core kernel) beside cuBLASLt with the kernels the unfused path launches before it.
 // Decode is bound by reading the weights, so each figure is weight bytes per second, against the
 // HBM copy ceiling. Then paged decode attention (one layer,
 // LLaMA-2-7B and the GQA LLaMA-3-8B shape, batch 1 and 16, 256 and 2048 positions): time per
@@ -28,9 +27,7 @@ using core::DType;
 using kernels::SkinnyKernel;
 using kernels::SkinnyPrologue;
 
-const char* kernel_name(SkinnyKernel kernel) {
-  return kernel == SkinnyKernel::gemv ? "gemv" : kernel == SkinnyKernel::staged ? "staged" : "tensor-core";
-}
+const char* kernel_name(SkinnyKernel kernel) { return kernel == SkinnyKernel::gemv ? "gemv" : "tensor-core"; }
 
 struct DecodeGemm {
   const char* name;
@@ -218,11 +215,8 @@ void run_decode_suite(Context& ctx) {
         stream.synchronize();
         return download(out, out_dt, rows * n);
       };
-      for (SkinnyKernel kernel : {SkinnyKernel::mma, SkinnyKernel::gemv, SkinnyKernel::staged}) {
-        int64_t m = kernel == SkinnyKernel::gemv ? kernels::kGemvMaxRows : rows;
-        if (kernel == SkinnyKernel::staged)
-          while (m > 0 && !kernels::skinny_staged_fits(m, k)) --m;
-        if (m == 0) continue;
+      for (SkinnyKernel kernel : {SkinnyKernel::mma, SkinnyKernel::gemv}) {
+        const int64_t m = kernel == SkinnyKernel::gemv ? kernels::kGemvMaxRows : rows;
         const auto mine = once([&](void*) { skinny(m, kernel); }, y);
         const auto theirs = once([&](void* out) { unfused(m, out); }, g.into_residual ? y_check.get() : y);
         for (int64_t i = 0; i < m * n; ++i)
@@ -236,13 +230,12 @@ void run_decode_suite(Context& ctx) {
                                        {"prologue", g.prologue == SkinnyPrologue::none      ? "none"
                                                     : g.prologue == SkinnyPrologue::rmsnorm ? "rmsnorm"
                                                                                             : "swiglu"}};
-        std::vector<const char*> paths = {"skinny", "cublaslt"};  // skinny: the register tensor-core kernel
+        std::vector<const char*> paths = {"skinny", "cublaslt"};  // skinny: the tensor-core kernel
         if (kernels::skinny_gemv_fits(m, k)) paths.insert(paths.begin(), "gemv");
-        if (kernels::skinny_staged_fits(m, k)) paths.insert(paths.begin(), "staged");
         for (std::string path : paths) {
           const auto run = [&] {
             if (path == "cublaslt") unfused(m, y);
-            else skinny(m, path == "gemv" ? SkinnyKernel::gemv : path == "staged" ? SkinnyKernel::staged : SkinnyKernel::mma);
+            else skinny(m, path == "gemv" ? SkinnyKernel::gemv : SkinnyKernel::mma);
           };
           std::vector<double> gbps;
           for (double ms : time_on_stream(stream, run, plan))
@@ -256,8 +249,7 @@ void run_decode_suite(Context& ctx) {
     });
   }
   run_attention_rows(ctx, stream, plan);
-  ctx.note("GEMMs: weight bytes per second; gemv_* / skinny_* / staged_*: skinny_gemm's GEMV / register tensor-core / "
-           "staged tensor-core kernel; cublaslt_* "
+  ctx.note("GEMMs: weight bytes per second; gemv_* / skinny_*: skinny_gemm's GEMV / tensor-core kernel; cublaslt_* "
            "includes the rmsnorm / silu_mul launch the unfused path needs");
   ctx.note("attention_*: one layer, head_dim 128, pages of 16; 7b = 32/32 heads, 8b = 32 query / 8 kv heads; "
            "GB/s of K+V read (batch x context x kv_heads x 128 x 2 x 2 B)");

@@ -111,42 +111,6 @@ constexpr int chunks_per_step(int S, int MT, SkinnyPrologue P) {
   return fit < 1 ? 1 : fit > kWeightLoads / (2 * S) ? kWeightLoads / (2 * S) : fit;
 }
 
-// The inverse RMS of each of x's m rows (float [m, k]) into inv_rms (shared), by the kWarps
-// warps of the block: each row split over kWarps / m warps so that its loads are in flight
-// together (x is a few rows, read from L2). Every thread of the block calls it.
-__device__ void block_inv_rms(float* inv_rms, const float* x, int m, int64_t k, float eps) {
-  __shared__ float sum_sq[kSkinnyMaxRows][kWarps];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int parts = std::max(1, kWarps / m);
-  for (int task = warp; task < m * parts; task += kWarps) {
-    const int r = task / parts, part = task % parts;
-    const float4* row = reinterpret_cast<const float4*>(x + r * k);
-    float sum = 0.f;
-    // kBatch loads in flight, predicated rather than branched around (a branch per load would
-    // wait out each one's latency).
-    constexpr int kBatch = 16;
-    for (int64_t first = part * 32 + lane; first < k / 4; first += kBatch * parts * 32) {
-      float4 v[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int64_t i = first + j * parts * 32;
-        v[j] = i < k / 4 ? row[i] : float4{0.f, 0.f, 0.f, 0.f};
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-    }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) sum_sq[r][part] = sum;
-  }
-  __syncthreads();
-  if (threadIdx.x < m) {
-    float total = 0.f;
-    for (int part = 0; part < parts; ++part) total += sum_sq[threadIdx.x][part];
-    inv_rms[threadIdx.x] = rsqrtf(total / static_cast<float>(k) + eps);
-  }
-  __syncthreads();
-}
-
 // One block computes S slabs of 16 output channels for all m rows (MT tiles of 8 rows): each
 // warp runs every kWarps-th chunk of K, then the warps' sums meet in shared memory.
 template <class T, class Out, SkinnyPrologue P, int S, int MT>
@@ -183,11 +147,39 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
   float row_scale[MT] = {};
   if constexpr (P == SkinnyPrologue::rmsnorm) {
-    __shared__ float inv_rms[kSkinnyMaxRows];
-    block_inv_rms(inv_rms, static_cast<const float*>(x), m, k, eps);
+    // Every block finds the rows' inverse RMS itself (x is a few rows, read from L2), each row
+    // split over kWarps / m warps so that its loads are in flight together.
+    __shared__ float sum_sq[kSkinnyMaxRows][kWarps];
+    const int parts = std::max(1, kWarps / m);
+    for (int task = warp; task < m * parts; task += kWarps) {
+      const int r = task / parts, part = task % parts;
+      const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + r * k);
+      float sum = 0.f;
+      // kBatch loads in flight, predicated rather than branched around (a branch per load would
+      // wait out each one's latency).
+      constexpr int kBatch = 16;
+      for (int64_t first = part * 32 + lane; first < k / 4; first += kBatch * parts * 32) {
+        float4 v[kBatch];
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
-      if (g + 8 * j < m) row_scale[j] = inv_rms[g + 8 * j];
+        for (int j = 0; j < kBatch; ++j) {
+          const int64_t i = first + j * parts * 32;
+          v[j] = i < k / 4 ? row[i] : float4{0.f, 0.f, 0.f, 0.f};
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) sum_sq[r][part] = sum;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      const int r = g + 8 * j;
+      if (r >= m) continue;
+      float total = 0.f;
+      for (int part = 0; part < parts; ++part) total += sum_sq[r][part];
+      row_scale[j] = rsqrtf(total / static_cast<float>(k) + eps);
+    }
   }
 
   float acc[S][MT][4] = {};
@@ -239,140 +231,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     else
       *out = static_cast<Out>(sum);
   }
-}
-
-// The staged tensor-core kernel: the register kernel's sums (bit for bit), but the weights
-// stream into shared memory through a kStages-deep cp.async ring, so that loads stay in flight
-// while the warps multiply (the register kernel waits out a round trip per step), and each
-// block builds x, after its prologue, once into shared memory (the register kernel's blocks
-// read it from L2 beside every step's weights). Persistent: block b takes the tiles of 16
-// output channels b, b + gridDim.x, ..., the ring running on across tiles. A stage is one
-// kChunk of K for each warp: warp w takes chunks w, w + kWarps, ... of a tile, in the register
-// kernel's order.
-constexpr int kStages = 9;  // the most that fit beside 16 input rows of 4096
-constexpr int kStageK = kWarps * kChunk;  // k of one stage
-// Row pitches in shared memory: 64 bytes past a multiple of 128, so that the 16-byte reads of a
-// quarter warp (rows g, g + 1 at 4 offsets t) fall in distinct banks.
-constexpr int kStagePitch = kStageK * 2 + 64;  // bytes
-constexpr int kStageBytes = 16 * kStagePitch;
-constexpr int kPartialBytes = kWarps * 16 * kSkinnyMaxRows * 4;
-
-__host__ __device__ inline int staged_stages(int64_t k) { return static_cast<int>((k + kStageK - 1) / kStageK); }
-__host__ __device__ inline int64_t staged_x_pitch(int64_t k) { return int64_t{staged_stages(k)} * kStageK * 2 + 64; }
-int64_t staged_smem_bytes(int64_t m, int64_t k) { return kStages * kStageBytes + kPartialBytes + m * staged_x_pitch(k); }
-
-template <class T, class Out, SkinnyPrologue P, int MT>
-__global__ void __launch_bounds__(kWarps * 32, 1)
-    skinny_staged_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w, int m,
-                         int64_t n, int64_t k) {
-  constexpr int kThreads = kWarps * 32, kRowPieces = kStageK / 8, kCopies = 16 * kRowPieces / kThreads;
-  static_assert(16 * kRowPieces % kThreads == 0);
-  extern __shared__ __align__(16) unsigned char smem[];
-  unsigned char* stages = smem;
-  auto partial = reinterpret_cast<float(*)[16][kSkinnyMaxRows]>(smem + kStages * kStageBytes);
-  unsigned char* xs = smem + kStages * kStageBytes + kPartialBytes;  // [m][staged_x_pitch]: the inputs in T
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int tiles = static_cast<int>((n + 15) / 16), stage_count = staged_stages(k);
-  const int64_t x_pitch = staged_x_pitch(k);
-
-  // The copies run a tile and stage ahead of the warps. A thread copies the same piece of rows
-  // (threadIdx.x + j·kThreads) / kRowPieces of each stage; pieces past k read as zeros. Every
-  // call commits a group, empty past the block's last tile, so that cp_async_wait counts alike.
-  const int copy_piece = threadIdx.x % kRowPieces;
-  int copy_tile = blockIdx.x, copy_stage = 0, copy_slot = 0;
-  const auto issue = [&] {
-    if (copy_tile < tiles) {
-      const int64_t kk = int64_t{copy_stage} * kStageK + copy_piece * 8;
-      unsigned char* to = stages + copy_slot * kStageBytes + copy_piece * 16;
-#pragma unroll
-      for (int j = 0; j < kCopies; ++j) {
-        const int row = (threadIdx.x + j * kThreads) / kRowPieces;
-        const T* src = w + std::min<int64_t>(copy_tile * int64_t{16} + row, n - 1) * k + (kk < k ? kk : 0);
-        cp_async16_or_zero(smem_addr(to + row * kStagePitch), src, kk < k);
-      }
-      if (++copy_stage == stage_count) copy_stage = 0, copy_tile += gridDim.x;
-    }
-    cp_async_commit();
-    copy_slot = copy_slot + 1 == kStages ? 0 : copy_slot + 1;
-  };
-  pdl_launch_dependents();
-  for (int q = 0; q < kStages - 1; ++q) issue();  // weights in flight while x is built
-  pdl_wait();
-
-  // x after its prologue into shared memory, zeros past k (the weights' zero pieces meet them),
-  // kBatch pieces a thread in flight at once.
-  __shared__ float inv_rms[kSkinnyMaxRows];
-  if constexpr (P == SkinnyPrologue::rmsnorm) block_inv_rms(inv_rms, static_cast<const float*>(x), m, k, eps);
-  const int pieces = stage_count * kRowPieces, total = m * pieces;
-  constexpr int kBatch = 8;
-  for (int at = threadIdx.x; at < total; at += kBatch * kThreads) {
-    RawInput raw[kBatch];
-    uint4 norm[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = at + u * kThreads, r = i / pieces;
-      const int64_t kk = int64_t{i - r * pieces} * 8;
-      const bool real = i < total && kk < k;
-      raw[u] = real ? fetch_input<T, P>(x, r, k, kk) : RawInput{};
-      norm[u] = P == SkinnyPrologue::rmsnorm && real ? *reinterpret_cast<const uint4*>(norm_w + kk) : uint4{};
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = at + u * kThreads, r = i / pieces;
-      if (i >= total) break;
-      const int64_t kk = int64_t{i - r * pieces} * 8;
-      const uint4 v = kk < k ? finish_input<T, P>(raw[u], norm[u], P == SkinnyPrologue::rmsnorm ? inv_rms[r] : 0.f)
-                             : uint4{0, 0, 0, 0};
-      *reinterpret_cast<uint4*>(xs + r * x_pitch + kk * 2) = v;
-    }
-  }
-
-  float acc[MT][4] = {};
-  const unsigned char* x_at[MT];  // this lane's input rows g + 8j at its first piece; null past m
-#pragma unroll
-  for (int j = 0; j < MT; ++j) x_at[j] = g + 8 * j < m ? xs + (g + 8 * j) * x_pitch + (warp * kChunk + t * 8) * 2 : nullptr;
-  for (int tile = blockIdx.x, stage = 0, slot = 0; tile < tiles;) {
-    cp_async_wait<kStages - 2>();  // this step's group has landed (this thread's part of it)
-    __syncthreads();               // ... and every thread's; the previous step's slot is free again
-    issue();
-    const unsigned char* from = stages + slot * kStageBytes + warp * kChunk * 2 + t * 16;
-    const uint4 a0 = *reinterpret_cast<const uint4*>(from + g * kStagePitch);
-    const uint4 a1 = *reinterpret_cast<const uint4*>(from + (g + 8) * kStagePitch);
-    const uint32_t lo[4] = {a0.x, a1.x, a0.y, a1.y}, hi[4] = {a0.z, a1.z, a0.w, a1.w};
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-      const uint4 b = x_at[j] ? *reinterpret_cast<const uint4*>(x_at[j] + stage * kStageK * 2) : uint4{};
-      mma_16816<T>(acc[j], lo, b.x, b.y);
-      mma_16816<T>(acc[j], hi, b.z, b.w);
-    }
-    slot = slot + 1 == kStages ? 0 : slot + 1;
-    if (++stage < stage_count) continue;
-    // The tile's last stage: the warps' sums meet in shared memory, in warp order.
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        partial[warp][g + 8 * (i / 2)][j * 8 + 2 * t + i % 2] = acc[j][i];
-        acc[j][i] = 0.f;
-      }
-    __syncthreads();
-    const int64_t n0 = tile * int64_t{16};
-    for (int i = threadIdx.x; i < m * 16; i += kThreads) {
-      const int r = i / 16, c = i % 16;
-      if (n0 + c >= n) continue;
-      float sum = 0.f;
-#pragma unroll
-      for (int v = 0; v < kWarps; ++v) sum += partial[v][c][r];
-      Out* out = y + r * n + n0 + c;
-      if constexpr (std::is_same_v<Out, float>)
-        *out = accumulate ? *out + sum : sum;
-      else
-        *out = static_cast<Out>(sum);
-    }
-    // The next write of `partial` comes after the next step's __syncthreads.
-    stage = 0, tile += gridDim.x;
-  }
-  cp_async_wait<0>();  // no copy outlives the block (the trailing groups are empty)
 }
 
 // The GEMV for m ≤ kGemvMaxRows: one warp per output channel at a time, plain FMAs (a 16-byte
@@ -516,26 +374,9 @@ int slabs_per_block(int64_t m, int64_t n) {
 }
 
 template <class T, class Out, SkinnyPrologue P>
-void launch_staged(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
-                   cudaStream_t stream) {
-  const auto run = [&]<int MT>() {
-    const auto kernel = skinny_staged_kernel<T, Out, P, MT>;
-    const int64_t smem = staged_smem_bytes(m, k);
-    GPULAB_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const int64_t blocks = std::min<int64_t>(current_sm_count(), (n + 15) / 16);  // one a SM: the smem is the SM's
-    launch_overlapped(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), smem, stream,
-                      static_cast<Out*>(y), accumulate, in.x, static_cast<const T*>(in.norm_weight), in.eps,
-                      static_cast<const T*>(w), static_cast<int>(m), n, k);
-  };
-  if (m <= 8) run.template operator()<1>();
-  else run.template operator()<2>();
-}
-
-template <class T, class Out, SkinnyPrologue P>
 void launch(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
-            cudaStream_t stream, SkinnyKernel kernel) {
-  if (kernel == SkinnyKernel::gemv) return launch_gemv<T, Out, P>(y, accumulate, in, w, m, n, k, stream);
-  if (kernel == SkinnyKernel::staged) return launch_staged<T, Out, P>(y, accumulate, in, w, m, n, k, stream);
+            cudaStream_t stream, bool gemv) {
+  if (gemv) return launch_gemv<T, Out, P>(y, accumulate, in, w, m, n, k, stream);
   const int s = slabs_per_block(m, n);
   const auto run = [&]<int S, int MT>() {
     launch_overlapped(skinny_gemm_kernel<T, Out, P, S, MT>, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))),
@@ -562,26 +403,6 @@ bool skinny_gemv_fits(int64_t m, int64_t k) {
   return skinny_gemm_fits(m, k) && m <= kGemvMaxRows && 2 * m * k <= kGemvMaxInputBytes;
 }
 
-bool skinny_staged_fits(int64_t m, int64_t k) {
-  static const int64_t optin = [] {
-    int device = 0, bytes = 0;
-    GPULAB_CHECK(cudaGetDevice(&device));
-    GPULAB_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    return static_cast<int64_t>(bytes);
-  }();
-  constexpr int64_t kStaticSmem = 1024;  // block_inv_rms's and the kernel's own arrays
-  return skinny_gemm_fits(m, k) && staged_smem_bytes(m, k) + kStaticSmem <= optin;
-}
-
-SkinnyKernel skinny_kernel_for(int64_t m, int64_t n, int64_t k) {
-  static const bool staged = core::env_switch("GPULAB_SKINNY_STAGED").value_or(true);
-  if (skinny_gemv_fits(m, k)) return SkinnyKernel::gemv;
-  const int64_t blocks = std::min<int64_t>(current_sm_count(), (n + 15) / 16);
-  const int64_t stages_a_block = (n + 15) / 16 * staged_stages(k) / blocks;
-  return staged && skinny_staged_fits(m, k) && stages_a_block >= kStagedMinStages ? SkinnyKernel::staged
-                                                                                  : SkinnyKernel::mma;
-}
-
 void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const void* w,
                  core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel) {
   if (!skinny_gemm_fits(m, k) || n < 1)
@@ -595,10 +416,7 @@ void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInpu
     throw core::Error("skinny_gemm: the GEMV kernel takes at most " + std::to_string(kGemvMaxRows) + " rows of " +
                       std::to_string(kGemvMaxInputBytes / 1024) + " KiB together, not m " + std::to_string(m) +
                       ", k " + std::to_string(k));
-  if (kernel == SkinnyKernel::staged && !skinny_staged_fits(m, k))
-    throw core::Error("skinny_gemm: the staged kernel's shared memory cannot hold " + std::to_string(m) +
-                      " input rows of " + std::to_string(k));
-  if (kernel == SkinnyKernel::automatic) kernel = skinny_kernel_for(m, n, k);
+  const bool gemv = kernel == SkinnyKernel::gemv || (kernel == SkinnyKernel::automatic && skinny_gemv_fits(m, k));
   const bool norm = in.prologue == SkinnyPrologue::rmsnorm;
   if (!aligned16(y) || !aligned16(in.x) || !aligned16(w) || (norm && !aligned16(in.norm_weight)))
     throw core::Error("skinny_gemm: x, w, y and the norm weight must start on 16-byte boundaries");
@@ -610,11 +428,11 @@ void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInpu
         if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, T>) {
           switch (in.prologue) {
             case SkinnyPrologue::none:
-              return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream, kernel);
+              return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream, gemv);
             case SkinnyPrologue::rmsnorm:
-              return launch<T, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream, kernel);
+              return launch<T, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream, gemv);
             case SkinnyPrologue::swiglu:
-              return launch<T, Out, SkinnyPrologue::swiglu>(y, accumulate, in, w, m, n, k, stream, kernel);
+              return launch<T, Out, SkinnyPrologue::swiglu>(y, accumulate, in, w, m, n, k, stream, gemv);
           }
         }
       });

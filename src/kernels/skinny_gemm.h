@@ -36,12 +36,7 @@ constexpr int64_t kSkinnyMaxRows = 16;
 // automatic: gemv where skinny_gemv_fits, mma elsewhere. On the H200 (7B shapes, bench decode,
 // session 9) the GEMV streamed 2.95-3.98 TB/s of weights at 1 row against the tensor-core
 // kernel's 2.83-3.43, and lost to it at 4 rows (2.13-2.74 against 2.69-3.23): hence 2.
-// staged: mma's sums, bit for bit, with the weights streamed through a ring of shared-memory
-// stages and the input rows built once per block into shared memory (m·k within
-// skinny_staged_fits); one persistent block per SM, so it pays a fill of the ring and of x per
-// block: on the H200 it beat mma from 64 stages (of 16 rows × 256) a block on, lost below (o_proj
-// of 7B: 2 tiles of 16 stages a block), bench decode, session 11.
-enum class SkinnyKernel { automatic, gemv, mma, staged };
+enum class SkinnyKernel { automatic, gemv, mma };
 constexpr int64_t kGemvMaxRows = 2;
 
 // Whether skinny_gemm takes these sizes: 1 ≤ m ≤ 16 and rows of whole 16-byte pieces (k % 8 == 0).
@@ -51,16 +46,6 @@ bool skinny_gemm_fits(int64_t m, int64_t k);
 // within kGemvMaxInputBytes of shared memory.
 constexpr int64_t kGemvMaxInputBytes = 160 * 1024;
 bool skinny_gemv_fits(int64_t m, int64_t k);
-
-// Whether the staged kernel takes them: the m input rows and the pipeline within one block's
-// shared memory on the current GPU (on the H200, 16 rows of k 4096, 6 rows of 11008).
-bool skinny_staged_fits(int64_t m, int64_t k);
-constexpr int64_t kStagedMinStages = 64;
-
-// What SkinnyKernel::automatic runs for y [m, n] = x [m, k]·Wᵀ: the GEMV where it fits, else the
-// staged kernel where it fits with kStagedMinStages a block (GPULAB_SKINNY_STAGED=0 leaves it
-// out, for an A/B), else mma.
-SkinnyKernel skinny_kernel_for(int64_t m, int64_t n, int64_t k);
 
 // y [m, n] in y_dtype: the weights' dtype (written) or float32 (written, or added to with
 // `accumulate`: the residual stream). w [n, k] is bf16 or fp16; x, w, norm_weight and y start on

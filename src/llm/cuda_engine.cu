@@ -40,9 +40,6 @@ constexpr DType kAct = DType::bf16;          // weights, GEMM inputs, q/k/v, KV 
 constexpr size_t kAlign = 256;               // every weight and buffer starts on this boundary
 constexpr size_t kSafetyMargin = 512u << 20;  // left free for the CUDA context, graphs, cuBLASLt
 constexpr int kDecodeGemmCandidates = 16;      // cuBLASLt algorithms timed for each decode GEMM
-// Up to this many rows skinny_gemm's staged kernel beat cuBLASLt (with the rmsnorm launch before
-// it) on 7B's qkv and gate_up; at 16 rows cuBLASLt won (H200, bench decode, session 11).
-constexpr int64_t kStagedBeatsCublasRows = 8;
 
 std::string gib(size_t bytes) {
   char buf[32];
@@ -219,14 +216,10 @@ struct CudaEngine::Impl {
     kernels::accumulate(static_cast<float*>(y), out, kAct, m * L.n, *stream);
   }
 
-  // Whether linear L runs on skinny_gemm in a pass of n rows, `prefills` of them prefill chunks
-  // (DecodeSkinny). `o_proj`: L is o_proj, on skinny_gemm in either mode.
-  bool skinny_for(int64_t n, int64_t prefills, const Linear& L, bool o_proj = false) const {
-    if (skinny_decode == DecodeSkinny::none || prefills != 0 || n > kernels::kSkinnyMaxRows) return false;
-    if (skinny_decode == DecodeSkinny::all || o_proj) return true;
-    const kernels::SkinnyKernel kernel = kernels::skinny_kernel_for(n, L.n, L.k);
-    return kernel == kernels::SkinnyKernel::gemv ||
-           (kernel == kernels::SkinnyKernel::staged && n <= kStagedBeatsCublasRows);
+  // Whether a pass of n rows, `prefills` of them prefill chunks, runs `which` layers on
+  // skinny_gemm (o_proj: o_proj at least).
+  bool skinny_pass(int64_t n, int64_t prefills, DecodeSkinny which = DecodeSkinny::all) const {
+    return skinny_decode >= which && prefills == 0 && n <= kernels::kSkinnyMaxRows;
   }
 
   // y = input·Wᵀ (+ y with beta 1, into float) by skinny_gemm, the input through its prologue.
@@ -508,13 +501,14 @@ struct CudaEngine::Impl {
     const LlamaConfig& c = cfg;
     const int64_t h = c.hidden_size, inter = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
+    const bool skinny = skinny_pass(n, prefills);  // the norms and the SwiGLU gate go into the GEMMs
     const auto normed = [&](size_t norm) {
       return kernels::SkinnyInput{x.get(), kernels::SkinnyPrologue::rmsnorm, w(norm), eps};
     };
     kernels::embedding(x.get(), DType::f32, w(embed), kAct, dmeta(meta_at.ids), n, h, *stream);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Layer& L = layers[l];
-      if (skinny_for(n, prefills, L.qkv)) {  // the norm goes into the GEMM
+      if (skinny) {
         skinny_linear(L.qkv, normed(L.attn_norm), qkv.get(), kAct, n, 0.f);
       } else {
         kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.attn_norm), n, h, eps, *stream);
@@ -539,31 +533,28 @@ struct CudaEngine::Impl {
                                    dmeta(meta_at.cu_q), dmeta(meta_at.seq_lens) + decodes, prefills, max_chunk, shape,
                                    kAct, *stream);
       }
-      if (skinny_for(n, prefills, L.o, true))  // x += attn · Woᵀ
+      if (skinny_pass(n, prefills, DecodeSkinny::o_proj))  // x += attn · Woᵀ
         skinny_linear(L.o, {attn.get()}, x.get(), DType::f32, n, residual_beta());
       else
         linear(L.o, attn.get(), x.get(), DType::f32, n, residual_beta());
       if (c.o_bias && part.shard.rank == 0) kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
       all_reduce_residual(n);
-      if (skinny_for(n, prefills, L.gate_up)) {
+      if (skinny) {  // x += mlp
         skinny_linear(L.gate_up, normed(L.mlp_norm), gate_up.get(), kAct, n, 0.f);
-      } else {
-        kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
-        linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, 0.f);
-      }
-      if (skinny_for(n, prefills, L.down)) {  // x += mlp, the SwiGLU gate in the GEMM
         skinny_linear(L.down, {gate_up.get(), kernels::SkinnyPrologue::swiglu}, x.get(), DType::f32, n,
                       residual_beta());
       } else {
+        kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
+        linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, 0.f);
         kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
-        linear(L.down, act.get(), x.get(), DType::f32, n, residual_beta());
+        linear(L.down, act.get(), x.get(), DType::f32, n, residual_beta());  // x += mlp
       }
       all_reduce_residual(n);
     }
   }
 
   // Final norm and lm_head of the rows listed in meta last_rows, into `logits` [rows, vocab
-  // rows of this rank], then with a comm gathered from every rank. `skinny`: lm_head on skinny_gemm.
+  // rows of this rank], then with a comm gathered from every rank. `skinny`: the pass's skinny_pass.
   void logits_of_rows(int64_t rows, bool skinny) {
     const int64_t h = cfg.hidden_size;
     const float eps = static_cast<float>(cfg.rms_norm_eps);
@@ -655,7 +646,7 @@ struct CudaEngine::Impl {
       GPULAB_CHECK(cudaGraphLaunch(decode_graph, *stream));
     } else {
       layers_forward(n, decodes == b ? padded : decodes, b - decodes, max_chunk);
-      logits_of_rows(rows, skinny_for(n, b - decodes, lm_head));
+      logits_of_rows(rows, skinny_pass(n, b - decodes));
       // After one eager run (cuBLASLt plans made), capture the decode step.
       if (pure_decode && opt.cuda_graphs && !std::exchange(decode_ran_eagerly, true)) capture_decode(padded);
     }
@@ -682,7 +673,7 @@ struct CudaEngine::Impl {
     GPULAB_CHECK(cudaStreamBeginCapture(*stream, cudaStreamCaptureModeThreadLocal));
     try {
       layers_forward(padded, padded, 0, 0);
-      logits_of_rows(padded, skinny_for(padded, 0, lm_head));
+      logits_of_rows(padded, skinny_pass(padded, 0));
     } catch (...) {
       cudaStreamEndCapture(*stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -831,13 +822,13 @@ DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig&
     return DecodeSkinny::none;
   if (const std::optional<bool> all = env ? env : options.skinny_gemm)
     return *all ? DecodeSkinny::all : DecodeSkinny::none;
-  return DecodeSkinny::streaming;
+  return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::o_proj;
 }
 
 const char* to_string(DecodeSkinny which) {
   switch (which) {
     case DecodeSkinny::none: return "cublaslt";
-    case DecodeSkinny::streaming: return "skinny_streaming+cublaslt";
+    case DecodeSkinny::o_proj: return "cublaslt+skinny_o_proj";
     case DecodeSkinny::all: return "skinny";
   }
   return "?";

@@ -75,16 +75,11 @@ bool residual_wants_symmetric_memory(const EngineOptions& options);
 
 // Which linear layers of an engine's decode passes run on kernels::skinny_gemm rather than
 // cuBLASLt (EngineOptions::skinny_gemm, GPULAB_SKINNY_GEMM): only with a single GPU, bf16
-// weights, max_batch ≤ 16 and rows of whole 16-byte pieces.
-//   none:      cuBLASLt (GPULAB_SKINNY_GEMM=0, skinny_gemm false);
-//   streaming: o_proj, and each other linear whose rows skinny_gemm streams (its GEMV or staged
-//              kernel: kernels::skinny_kernel_for), the rest on cuBLASLt; the default;
-//   all:       every linear and lm_head (GPULAB_SKINNY_GEMM=1, skinny_gemm true).
-// On the H200 (session 10) o_proj took 3.6-4.4 % off a batch-8 7B step on skinny_gemm's
-// register tensor-core kernel, while the other linears lost on it at 16 rows.
-enum class DecodeSkinny { none, streaming, all };
+// weights, max_batch ≤ 16 and rows of whole 16-byte pieces. Ordered: each takes in the
+// layers of the one before.
+enum class DecodeSkinny { none, o_proj, all };
 DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig& model);
-const char* to_string(DecodeSkinny which);  // "cublaslt", "skinny_streaming+cublaslt", "skinny"
+const char* to_string(DecodeSkinny which);  // "cublaslt", "cublaslt+skinny_o_proj", "skinny"
 
 class CudaEngine final : public Engine {
  public:

@@ -1,6 +1,6 @@
 // skinny_gemm against a float64 host reference: every row count 1..16 on the 7B decode shapes
 // and on odd small ones (k tails, partial slabs, each slabs-per-block choice), every output mode
-// and prologue, every kernel that takes the rows, outputs poisoned (rows past m must stay
+// and prologue, both kernels where both take the rows, outputs poisoned (rows past m must stay
 // so), every element checked.
 #include <gtest/gtest.h>
 
@@ -31,17 +31,10 @@ std::string label(SkinnyPrologue p) {
 }
 std::string label(Output o) { return o == Output::narrow ? "narrow" : o == Output::f32 ? "f32" : "f32+="; }
 
-// The kernels that take m rows of width k: the tensor-core kernel always, the GEMV and the
-// staged kernel where they do.
+// The kernels that take m rows of width k: the GEMV and the tensor-core kernel where both do.
 std::vector<SkinnyKernel> kernels_for(int64_t m, int64_t k) {
-  std::vector<SkinnyKernel> kernels = {SkinnyKernel::mma};
-  if (skinny_gemv_fits(m, k)) kernels.push_back(SkinnyKernel::gemv);
-  if (skinny_staged_fits(m, k)) kernels.push_back(SkinnyKernel::staged);
-  return kernels;
-}
-
-std::string label(SkinnyKernel kernel) {
-  return kernel == SkinnyKernel::gemv ? "gemv" : kernel == SkinnyKernel::staged ? "staged" : "mma";
+  if (skinny_gemv_fits(m, k)) return {SkinnyKernel::gemv, SkinnyKernel::mma};
+  return {SkinnyKernel::mma};
 }
 
 // Inputs for kRows rows; each row count m uses the first m (rows are independent).
@@ -104,7 +97,7 @@ struct Case {
     const DType out_dt = mode == Output::narrow ? dt : DType::f32;
     const std::string what = dtype_label(dt) + " " + label(prologue) + " -> " + label(mode) + " m " +
                              std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
-                             " " + label(kernel);
+                             (kernel == SkinnyKernel::gemv ? " gemv" : " mma");
     const int64_t total = (kRows + 1) * n;
     auto y = DeviceTensor::poisoned(total, out_dt);
     std::vector<float> y0;
@@ -234,43 +227,6 @@ TEST_P(SkinnyGemmChainGpu, ChainedLaunchesSeeTheEarlierOutput) {
   }
 }
 
-// The staged kernel sums what the register kernel sums, in the same order: the same bits, on the
-// 7B shapes (down where its rows fit) and odd ones (k tails past whole stages, n past whole
-// tiles, fewer tiles than SMs and several a block).
-TEST(SkinnyGemmGpu, StagedKernelGivesTheRegisterKernelsBits) {
-  GPULAB_REQUIRE_GPU();
-  std::mt19937 rng(45);
-  struct Shape {
-    int64_t n, k;
-    SkinnyPrologue prologue;
-    Output mode;
-  };
-  const Shape shapes[] = {{12288, 4096, SkinnyPrologue::rmsnorm, Output::narrow},
-                          {4096, 4096, SkinnyPrologue::none, Output::f32_accumulate},
-                          {4096, 11008, SkinnyPrologue::swiglu, Output::f32_accumulate},
-                          {37, 72, SkinnyPrologue::swiglu, Output::narrow},
-                          {5000, 1048, SkinnyPrologue::rmsnorm, Output::f32}};
-  int compared = 0;
-  for (const Shape& s : shapes) {
-    Case c(DType::bf16, s.prologue, s.n, s.k, rng);
-    const DType out_dt = s.mode == Output::narrow ? DType::bf16 : DType::f32;
-    const bool accumulate = s.mode == Output::f32_accumulate;
-    for (int64_t m = 1; m <= kRows && skinny_staged_fits(m, s.k); ++m) {
-      std::vector<std::vector<float>> results;
-      for (SkinnyKernel kernel : {SkinnyKernel::mma, SkinnyKernel::staged}) {
-        DeviceTensor y(std::vector<float>(m * s.n, 0.5f), out_dt);
-        skinny_gemm(y.device.get(), out_dt, accumulate, c.in(), c.w->device.get(), DType::bf16, m, s.n, s.k, nullptr,
-                    kernel);
-        results.push_back(y.download());
-      }
-      ASSERT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)))
-          << "n " << s.n << " k " << s.k << " m " << m;
-      ++compared;
-    }
-  }
-  EXPECT_GE(compared, 5 * 6);  // at least the rows that fit beside the longest input (6 of 11008 on an H200)
-}
-
 INSTANTIATE_TEST_SUITE_P(Rows, SkinnyGemmChainGpu, ::testing::Values(1, 16));
 
 TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
@@ -289,10 +245,6 @@ TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   EXPECT_TRUE(skinny_gemv_fits(kGemvMaxRows, 11008));
   EXPECT_FALSE(skinny_gemv_fits(kGemvMaxRows + 1, 64));
   EXPECT_FALSE(skinny_gemv_fits(1, 1 << 20));  // its input rows would not fit in shared memory
-  EXPECT_FALSE(skinny_staged_fits(16, 11008));   // nor would the staged kernel's
-  EXPECT_THROW(skinny_gemm(buf.get(), DType::f32, false, in, buf.get(), DType::bf16, 16, 8, 1 << 15, nullptr,
-                           SkinnyKernel::staged),
-               core::Error);
   EXPECT_THROW(skinny_gemm(buf.get(), DType::f32, false, in, buf.get(), DType::bf16, kGemvMaxRows + 1, 8, 64, nullptr,
                            SkinnyKernel::gemv),
                core::Error);
