@@ -14,6 +14,7 @@
 
 #include "blas/matmul.h"
 #include "comm/symmetric_buffer.h"
+#include "core/captured_graph.h"
 #include "core/device.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -162,14 +163,10 @@ struct CudaEngine::Impl {
   SeqId next_id = 1;
   std::mutex mutex;  // open/close may come from another thread than step
 
-  cudaGraphExec_t decode_graph = nullptr;  // a pure decode step of max_batch rows
+  core::CapturedGraph decode_graph;  // a pure decode step of max_batch rows
   bool decode_ran_eagerly = false;
 
   size_t weight_bytes = 0, buffer_bytes = 0;
-
-  ~Impl() {
-    if (decode_graph) GPULAB_CHECK_NOTHROW(cudaGraphExecDestroy(decode_graph));
-  }
 
   bf16* w(size_t offset) const { return reinterpret_cast<bf16*>(weights.get() + offset); }
   bf16* k_cache(int64_t layer) const { return kv.get() + (2 * layer) * layer_kv_elems(); }
@@ -642,8 +639,8 @@ struct CudaEngine::Impl {
     }
     upload_meta(padded);
     const int64_t rows = all_rows ? n : padded;
-    if (pure_decode && decode_graph) {
-      GPULAB_CHECK(cudaGraphLaunch(decode_graph, *stream));
+    if (pure_decode && decode_graph.captured()) {
+      decode_graph.launch(*stream);
     } else {
       layers_forward(n, decodes == b ? padded : decodes, b - decodes, max_chunk);
       logits_of_rows(rows, skinny_pass(n, b - decodes));
@@ -669,22 +666,10 @@ struct CudaEngine::Impl {
 
   void capture_decode(int64_t padded) {
     stream->synchronize();
-    cudaGraph_t graph = nullptr;
-    GPULAB_CHECK(cudaStreamBeginCapture(*stream, cudaStreamCaptureModeThreadLocal));
-    try {
+    decode_graph.capture(*stream, [&] {
       layers_forward(padded, padded, 0, 0);
       logits_of_rows(padded, skinny_pass(padded, 0));
-    } catch (...) {
-      cudaStreamEndCapture(*stream, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      throw;
-    }
-    GPULAB_CHECK(cudaStreamEndCapture(*stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-    GPULAB_CHECK(cudaGraphDestroy(graph));
-    GPULAB_CHECK(status);
-    decode_graph = exec;
+    });
   }
 
   // Makes the first request as fast as the rest: loads the lazily loaded kernels, makes the

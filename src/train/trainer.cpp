@@ -12,6 +12,7 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include "core/captured_graph.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -20,7 +21,6 @@
 #include "data/loader.h"
 #include "data/stall.h"
 #include "data/rng.h"
-#include "train/captured_graph.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
 
@@ -273,7 +273,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   const int lag = dp ? 0 : std::max(opt.report_lag, 0);
   std::vector<StepFigures> ring(size_t(lag) + 1);
   for (auto& f : ring) f.row_loss = core::PinnedBuffer<float>(size_t(opt.batch));
-  CapturedGraph micro_graph[2], update_graph;  // --cuda-graph (below); micro_graph[accumulate]
+  core::CapturedGraph micro_graph[2], update_graph;  // --cuda-graph (below); micro_graph[accumulate]
   core::DeviceBuffer<float> lr_device(1);
   struct DrainOnExit {  // a throw leaves steps queued: they must finish before what they use is freed
     cudaStream_t s;

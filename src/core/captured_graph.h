@@ -1,14 +1,14 @@
 // A CUDA graph captured from the work a callable enqueues on one stream, then replayed with one
-// launch: the training step's ~3,000 launches cost the host one call (`gpulab train --cuda-graph`).
-// The captured work must use fixed buffers and take nothing from the host that changes between
-// replays; capture does not run it.
+// launch: the training step's ~3,000 launches cost the host one call (`gpulab train --cuda-graph`),
+// and so do the LLM engine's decode steps. The captured work must use fixed buffers and take
+// nothing from the host that changes between replays; capture does not run it.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <functional>
 
-namespace gpulab::train {
+namespace gpulab::core {
 
 class CapturedGraph {
  public:
@@ -27,4 +27,4 @@ class CapturedGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-}  // namespace gpulab::train
+}  // namespace gpulab::core

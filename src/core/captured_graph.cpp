@@ -1,10 +1,10 @@
-#include "train/captured_graph.h"
+#include "core/captured_graph.h"
 
 #include <string>
 
 #include "core/error.h"
 
-namespace gpulab::train {
+namespace gpulab::core {
 
 CapturedGraph::~CapturedGraph() {
   if (exec_) GPULAB_CHECK_NOTHROW(cudaGraphExecDestroy(exec_));
@@ -33,4 +33,4 @@ void CapturedGraph::capture(cudaStream_t stream, const std::function<void()>& en
 
 void CapturedGraph::launch(cudaStream_t stream) const { GPULAB_CHECK(cudaGraphLaunch(exec_, stream)); }
 
-}  // namespace gpulab::train
+}  // namespace gpulab::core
