@@ -89,7 +89,10 @@ run_one() {
     sanitize
     code=$?
   fi
-  errors=$(grep -ho 'ERROR SUMMARY: [0-9]* error' "$log" | awk '{s += $3} END {print s + 0}')
+  # memcheck, initcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
+  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+  errors=$(grep -hoE 'ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards displayed \([0-9]+ error' "$log" |
+    grep -oE '[0-9]+ error' | awk '{s += $1} END {print s + 0}')
   note=$errors
   ((code == 124)) && note="$errors (timed out)"
   grep -q '\[  SKIPPED \]' "$log" && note="$errors (skipped)"

@@ -2,6 +2,7 @@
 
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
+#include "kernels/pdl.h"
 
 namespace gpulab::kernels {
 
@@ -17,6 +18,8 @@ constexpr int kCached = 16;  // elements per thread held in registers between th
 template <class Out, class In>
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Out* out, const In* in, const Out* weight, int64_t dim,
                                                            float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   const In* x = in + blockIdx.x * dim;
   float v[kCached], w[kCached];
   float sum_sq = 0.f;
@@ -56,9 +59,8 @@ void rmsnorm(void* out, core::DType out_dtype, const void* in, core::DType in_dt
   if (rows == 0) return;
   core::dispatch_activation(out_dtype, [&]<class Out>() {
     core::dispatch_activation(in_dtype, [&]<class In>() {
-      rmsnorm_kernel<Out, In><<<rows, kThreads, 0, stream>>>(static_cast<Out*>(out), static_cast<const In*>(in),
-                                                             static_cast<const Out*>(weight), dim, eps);
-      GPULAB_CHECK_LAUNCH();
+      launch_overlapped(rmsnorm_kernel<Out, In>, dim3(rows), dim3(kThreads), 0, stream, static_cast<Out*>(out),
+                        static_cast<const In*>(in), static_cast<const Out*>(weight), dim, eps);
     });
   });
 }

@@ -685,7 +685,7 @@ struct CudaEngine::Impl {
     forward({{&s, std::span(ids)}}, {out.data()}, false);           // a prefill chunk
     // The decode step's GEMMs (every step has their shapes) are worth timing cuBLASLt's
     // candidates for once; prefill shapes change with each prompt, so they keep the heuristic's.
-    blas->set_autotune(kDecodeGemmCandidates);
+    if (opt.autotune_decode_gemms) blas->set_autotune(kDecodeGemmCandidates);
     forward({{&s, std::span(ids).first(1)}}, {out.data()}, false);  // a decode step (captured)
     blas->set_autotune(0);
   }

@@ -52,6 +52,11 @@ struct EngineOptions {
   // the chunks packed beside it (the GEMMs change shape), within bf16 rounding; off, every
   // sequence's tokens are independent of its batch. Decode steps are unchanged either way.
   bool pack_chunks = false;
+  // The decode GEMMs' cuBLASLt algorithms are timed at warm-up, the fastest of a few candidates
+  // kept. The pick rests on timings, so two engines on one GPU may take different algorithms for
+  // the same shape and their decode logits then differ in the last bits. Off: the heuristic's
+  // first choice, the same in every engine (what a bit-for-bit comparison of two engines needs).
+  bool autotune_decode_gemms = true;
   WeightFormat weights = WeightFormat::bf16;
   Fp8ActivationScale fp8_activations = Fp8ActivationScale::token;
   // Tensor parallel (see llm/tensor_parallel.h): this engine is rank shard.rank of shard.world
