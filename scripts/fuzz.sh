@@ -31,12 +31,13 @@ cmake --build "$build" -j "${GPULAB_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+row_format='%-18s %8s %12s %10s %8s  %s\n'
 # Each target's replay and fuzzing run as a job, GPULAB_FUZZ_PARALLEL (default: the core count)
 # at once; each job writes its table row, printed in target order at the end.
 fuzz_one() {
   local t=$1 exe=$build/tests/fuzz/fuzz_$1 seeds=tests/fuzz/corpus/$1 work=$build/fuzz-corpus/$1
   local artifacts=$build/fuzz-artifacts/$1/ log=$build/fuzz-logs/$1.log result=ok
-  mkdir -p "$work" "$artifacts" "$(dirname "$log")"
+  mkdir -p "$work" "$artifacts"
   # Replay first: a seed that crashes is a regression, whatever fuzzing finds afterwards.
   if ! "$exe" -runs=0 "$seeds" >"$log" 2>&1; then
     result="REPLAY CRASH (see $log)"
@@ -49,8 +50,7 @@ fuzz_one() {
   execs=$(awk '/^stat::number_of_executed_units:/ {v = $2} END {print v}' "$log")
   rate=$(awk '/^stat::average_exec_per_sec:/ {v = $2} END {print v}' "$log")
   units=$(find "$work" "$seeds" -type f | wc -l)
-  printf '%-18s %8s %12s %10s %8s  %s\n' "$t" "$seconds" "${execs:--}" "${rate:--}" "$units" "$result" \
-    >"$build/fuzz-logs/$t.row"
+  printf "$row_format" "$t" "$seconds" "${execs:--}" "${rate:--}" "$units" "$result" >"$build/fuzz-logs/$t.row"
 }
 parallel=${GPULAB_FUZZ_PARALLEL:-$(nproc)}
 mkdir -p "$build/fuzz-logs"
@@ -61,7 +61,7 @@ for t in "${targets[@]}"; do
 done
 wait
 failed=0
-printf '%-18s %8s %12s %10s %8s  %s\n' target seconds execs "execs/s" corpus result
+printf "$row_format" target seconds execs "execs/s" corpus result
 for t in "${targets[@]}"; do
   row=$(cat "$build/fuzz-logs/$t.row" 2>/dev/null || echo "$t  (no result)")
   echo "$row"
