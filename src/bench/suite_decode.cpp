@@ -1,6 +1,6 @@
 // gpulab bench decode: the linear layers of one LLaMA-2-7B decode step at 1, 2, 4, 8 and 16 rows,
-// kernels::skinny_gemm (norm / SwiGLU fused in; its GEMV kernel where that takes the rows, and
-// its tensor-core kernel) beside cuBLASLt with the kernels the unfused path launches before it.
+// kernels::skinny_gemm (norm / SwiGLU fused in; its GEMV kernel where that takes the rows, on bf16
+// and on e4m3 weights, and its tensor-core kernel) beside cuBLASLt with the kernels the unfused path launches before it.
 // Decode is bound by reading the weights, so each figure is weight bytes per second, against the
 // HBM copy ceiling. Then paged decode attention (one layer,
 // LLaMA-2-7B and the GQA LLaMA-3-8B shape, batch 1 and 16, 256 and 2048 positions): time per
@@ -27,7 +27,15 @@ using core::DType;
 using kernels::SkinnyKernel;
 using kernels::SkinnyPrologue;
 
-const char* kernel_name(SkinnyKernel kernel) { return kernel == SkinnyKernel::gemv ? "gemv" : "tensor-core"; }
+// The skinny_gemm paths timed: its GEMV (bf16 weights, or e4m3 ones with per-channel scales) and
+// its tensor-core kernel.
+struct SkinnyPath {
+  const char* name;
+  SkinnyKernel kernel;
+  DType weights;
+};
+constexpr SkinnyPath kGemv{"gemv", SkinnyKernel::gemv, DType::bf16}, kGemvFp8{"gemv_fp8", SkinnyKernel::gemv, DType::f8e4m3},
+    kTensorCore{"skinny", SkinnyKernel::mma, DType::bf16};
 
 struct DecodeGemm {
   const char* name;
@@ -182,6 +190,9 @@ void run_decode_suite(Context& ctx) {
     core::DeviceBuffer<float> residual(rows * k), y_f32(rows * n), y_check(rows * n);
     for (auto* b : {&w, &norm, &act_in})
       GPULAB_CHECK(cudaMemsetAsync(b->get(), 0x3C, b->bytes(), stream));  // bf16 0x3C3C ≈ 0.0115
+    // Read as e4m3, the same bytes are 1.5 each: scaled back to the bf16 value, the fp8 GEMV's
+    // products are the bf16 ones.
+    const auto fp8_scales = upload(std::vector<float>(n, core::bf16_bits_to_float(0x3C3C) / 1.5f));
     GPULAB_CHECK(cudaMemsetAsync(residual.get(), 0x3F, residual.bytes(), stream));  // float ≈ 0.75
     const DType out_dt = g.into_residual ? DType::f32 : DType::bf16;
     void* y = g.into_residual ? static_cast<void*>(y_f32.get()) : y_bf16.get();
@@ -189,8 +200,10 @@ void run_decode_suite(Context& ctx) {
     const kernels::SkinnyInput in{x, g.prologue, norm.get(), 1e-5f};
     int64_t turn = 0;
     const auto weights = [&] { return w.get() + (turn++ % copies) * n * k; };
-    const auto skinny = [&](int64_t m, SkinnyKernel kernel) {
-      kernels::skinny_gemm(y, out_dt, g.into_residual, in, weights(), DType::bf16, m, n, k, stream, kernel);
+    const auto skinny = [&](int64_t m, const SkinnyPath& path) {
+      const bool fp8 = path.weights == DType::f8e4m3;
+      kernels::skinny_gemm(y, out_dt, g.into_residual, in, {weights(), path.weights, fp8 ? fp8_scales.get() : nullptr},
+                           m, n, k, stream, path.kernel);
     };
     const auto unfused = [&](int64_t m, void* out) {
       const void* a = act_in.get();
@@ -215,33 +228,33 @@ void run_decode_suite(Context& ctx) {
         stream.synchronize();
         return download(out, out_dt, rows * n);
       };
-      for (SkinnyKernel kernel : {SkinnyKernel::mma, SkinnyKernel::gemv}) {
-        const int64_t m = kernel == SkinnyKernel::gemv ? kernels::kGemvMaxRows : rows;
-        const auto mine = once([&](void*) { skinny(m, kernel); }, y);
+      for (const SkinnyPath& path : {kTensorCore, kGemv, kGemvFp8}) {
+        const int64_t m = path.kernel == SkinnyKernel::gemv ? kernels::kGemvMaxRows : rows;
+        const auto mine = once([&](void*) { skinny(m, path); }, y);
         const auto theirs = once([&](void* out) { unfused(m, out); }, g.into_residual ? y_check.get() : y);
         for (int64_t i = 0; i < m * n; ++i)
           if (!(std::abs(mine[i] - theirs[i]) <= 1e-2f * std::abs(theirs[i]) + 1e-9f))
-            throw core::Error(std::string("skinny_gemm (") + kernel_name(kernel) +
-                              ") and cuBLASLt disagree at element " + std::to_string(i) + ": " +
-                              std::to_string(mine[i]) + " vs " + std::to_string(theirs[i]));
+            throw core::Error(std::string("skinny_gemm (") + path.name + ") and cuBLASLt disagree at element " +
+                              std::to_string(i) + ": " + std::to_string(mine[i]) + " vs " + std::to_string(theirs[i]));
       }
       for (int64_t m : kRowCounts) {
-        const nlohmann::json params = {{"n", n}, {"k", k}, {"rows", m}, {"weight_bytes", weight_bytes},
-                                       {"prologue", g.prologue == SkinnyPrologue::none      ? "none"
-                                                    : g.prologue == SkinnyPrologue::rmsnorm ? "rmsnorm"
-                                                                                            : "swiglu"}};
-        std::vector<const char*> paths = {"skinny", "cublaslt"};  // skinny: the tensor-core kernel
-        if (kernels::skinny_gemv_fits(m, k)) paths.insert(paths.begin(), "gemv");
-        for (std::string path : paths) {
+        std::vector<const SkinnyPath*> paths = {&kTensorCore, nullptr};  // nullptr: cuBLASLt
+        if (kernels::skinny_gemv_fits(m, k)) paths.insert(paths.begin(), {&kGemv, &kGemvFp8});
+        for (const SkinnyPath* path : paths) {
+          const size_t bytes = path && path->weights == DType::f8e4m3 ? weight_bytes / 2 : weight_bytes;
+          const nlohmann::json params = {{"n", n}, {"k", k}, {"rows", m}, {"weight_bytes", bytes},
+                                         {"prologue", g.prologue == SkinnyPrologue::none      ? "none"
+                                                      : g.prologue == SkinnyPrologue::rmsnorm ? "rmsnorm"
+                                                                                              : "swiglu"}};
           const auto run = [&] {
-            if (path == "cublaslt") unfused(m, y);
-            else skinny(m, path == "gemv" ? SkinnyKernel::gemv : SkinnyKernel::mma);
+            if (path) skinny(m, *path);
+            else unfused(m, y);
           };
           std::vector<double> gbps;
           for (double ms : time_on_stream(stream, run, plan))
-            gbps.push_back(per_second_1e9(static_cast<double>(weight_bytes), ms));
-          Row row = make_row("decode", path + "_" + g.name + "_m" + std::to_string(m), "bandwidth", "GB/s",
-                             summarize(gbps), ctx.datasheet().memory_gbps, params);
+            gbps.push_back(per_second_1e9(static_cast<double>(bytes), ms));
+          Row row = make_row("decode", std::string(path ? path->name : "cublaslt") + "_" + g.name + "_m" + std::to_string(m),
+                             "bandwidth", "GB/s", summarize(gbps), ctx.datasheet().memory_gbps, params);
           row.ceiling = ctx.ceiling("hbm_copy");
           ctx.add(row);
         }
@@ -249,8 +262,9 @@ void run_decode_suite(Context& ctx) {
     });
   }
   run_attention_rows(ctx, stream, plan);
-  ctx.note("GEMMs: weight bytes per second; gemv_* / skinny_*: skinny_gemm's GEMV / tensor-core kernel; cublaslt_* "
-           "includes the rmsnorm / silu_mul launch the unfused path needs");
+  ctx.note("GEMMs: weight bytes per second; gemv_* / skinny_*: skinny_gemm's GEMV / tensor-core kernel; gemv_fp8_*: "
+           "the GEMV on e4m3 weights with per-channel scales (half the bytes); cublaslt_* includes the rmsnorm / "
+           "silu_mul launch the unfused path needs");
   ctx.note("attention_*: one layer, head_dim 128, pages of 16; 7b = 32/32 heads, 8b = 32 query / 8 kv heads; "
            "GB/s of K+V read (batch x context x kv_heads x 128 x 2 x 2 B)");
   ctx.finish("decode GEMMs of LLaMA-2-7B and decode attention (bf16)");

@@ -1,3 +1,5 @@
+#include <cuda_fp8.h>
+
 #include <cstring>
 #include <type_traits>
 
@@ -239,17 +241,41 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // shared memory; then each warp runs over its channels (every gridDim·kGemvWarps-th) in batches
 // of kGemvLoads 16-byte loads a lane, the next batch in flight while this one is summed, so the
 // weights stream without a gap between channels. One warp sums a channel in a fixed order:
-// deterministic.
+// deterministic. Weights Wt are the activations' T, or e4m3 (16 to a load) whose channel sum is
+// multiplied by the channel's scale at the end.
 constexpr int kGemvWarps = 16;
 constexpr int kGemvLoads = 8;
 
-template <class T, class Out, SkinnyPrologue P, int M>
+using e4m3 = __nv_fp8_e4m3;
+template <class Wt>
+constexpr int kWeightsPerLoad = 16 / sizeof(Wt);
+
+// The weights of one 16-byte load as floats: 8 of T, or 16 e4m3 (the hardware's e4m3x2 → f16x2
+// conversion, exact, then to float).
+template <class T, class Wt>
+__device__ inline void unpack_weights(float (&f)[kWeightsPerLoad<Wt>], uint4 v) {
+  if constexpr (std::is_same_v<Wt, T>) {
+    unpack8<T>(f, v);
+  } else {
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2)));
+      const float2 two = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+      f[2 * i] = two.x;
+      f[2 * i + 1] = two.y;
+    }
+  }
+}
+
+template <class T, class Wt, class Out, SkinnyPrologue P, int M>
 __global__ void __launch_bounds__(kGemvWarps * 32, 1)
-    gemv_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w, int64_t n,
-                int64_t k) {
+    gemv_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const Wt* w,
+                const float* w_scales, int64_t n, int64_t k) {
   extern __shared__ uint4 inputs[];  // [M][k / 8]: the rows the GEMM multiplies, in T
+  constexpr int kPer = kWeightsPerLoad<Wt>, kInputsPerLoad = kPer / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t pieces = k / 8, step = static_cast<int64_t>(gridDim.x) * kGemvWarps;
+  const int64_t pieces = k / kPer, input_pieces = k / 8, step = static_cast<int64_t>(gridDim.x) * kGemvWarps;
   constexpr int64_t kBatch = 32 * kGemvLoads;  // pieces of a row one batch covers
 
   // The warp's next batch to load: channel `next_row`, pieces next_piece + 32u.
@@ -295,9 +321,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 1)
   }
 #pragma unroll
   for (int r = 0; r < M; ++r)
-    for (int64_t p = threadIdx.x; p < pieces; p += blockDim.x) {
+    for (int64_t p = threadIdx.x; p < input_pieces; p += blockDim.x) {
       const uint4 norm = P == SkinnyPrologue::rmsnorm ? reinterpret_cast<const uint4*>(norm_w)[p] : uint4{};
-      inputs[r * pieces + p] = finish_input<T, P>(fetch_input<T, P>(x, r, k, 8 * p), norm, inv_rms[r]);
+      inputs[r * input_pieces + p] = finish_input<T, P>(fetch_input<T, P>(x, r, k, 8 * p), norm, inv_rms[r]);
     }
   __syncthreads();
 
@@ -311,21 +337,24 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 1)
     for (int u = 0; u < kGemvLoads; ++u) {
       const int64_t p = piece + 32 * u;
       if (p >= pieces) continue;
-      float wf[8];
-      unpack8<T>(wf, batch[u]);
+      float wf[kPer];
+      unpack_weights<T, Wt>(wf, batch[u]);
 #pragma unroll
-      for (int r = 0; r < M; ++r) {
-        float xf[8];
-        unpack8<T>(xf, inputs[r * pieces + p]);
+      for (int r = 0; r < M; ++r)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
-      }
+        for (int h = 0; h < kInputsPerLoad; ++h) {
+          float xf[8];
+          unpack8<T>(xf, inputs[r * input_pieces + p * kInputsPerLoad + h]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[8 * h + i], xf[i], acc[r]);
+        }
     }
     piece += kBatch;
     if (piece < pieces) continue;
 #pragma unroll
     for (int r = 0; r < M; ++r) {
       for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+      if constexpr (!std::is_same_v<Wt, T>) acc[r] *= w_scales[row];
       if (lane == 0) {
         Out* out = y + r * n + row;
         if constexpr (std::is_same_v<Out, float>)
@@ -339,11 +368,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 1)
   }
 }
 
-template <class T, class Out, SkinnyPrologue P>
-void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
-                 cudaStream_t stream) {
+template <class T, class Wt, class Out, SkinnyPrologue P>
+void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w, int64_t m, int64_t n,
+                 int64_t k, cudaStream_t stream) {
   const auto run = [&]<int M>() {
-    const auto kernel = gemv_kernel<T, Out, P, M>;
+    const auto kernel = gemv_kernel<T, Wt, Out, P, M>;
     const size_t smem = M * k * sizeof(T);
     if (smem > 48 * 1024)
       GPULAB_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -356,7 +385,7 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const void* w,
         std::min<int64_t>(static_cast<int64_t>(current_sm_count()) * per_sm, (n + kGemvWarps - 1) / kGemvWarps);
     launch_overlapped(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kGemvWarps * 32), smem, stream,
                       static_cast<Out*>(y), accumulate, in.x, static_cast<const T*>(in.norm_weight), in.eps,
-                      static_cast<const T*>(w), n, k);
+                      static_cast<const Wt*>(w.w), w.scales, n, k);
   };
   static_assert(kGemvMaxRows == 2);
   if (m == 1) run.template operator()<1>();
@@ -374,14 +403,13 @@ int slabs_per_block(int64_t m, int64_t n) {
 }
 
 template <class T, class Out, SkinnyPrologue P>
-void launch(void* y, bool accumulate, const SkinnyInput& in, const void* w, int64_t m, int64_t n, int64_t k,
-            cudaStream_t stream, bool gemv) {
-  if (gemv) return launch_gemv<T, Out, P>(y, accumulate, in, w, m, n, k, stream);
+void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w, int64_t m, int64_t n,
+                int64_t k, cudaStream_t stream) {
   const int s = slabs_per_block(m, n);
   const auto run = [&]<int S, int MT>() {
     launch_overlapped(skinny_gemm_kernel<T, Out, P, S, MT>, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))),
                       dim3(kWarps * 32), 0, stream, static_cast<Out*>(y), accumulate, in.x,
-                      static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w), static_cast<int>(m), n,
+                      static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w.w), static_cast<int>(m), n,
                       k);
   };
   const auto with_slabs = [&]<int MT>() {
@@ -393,47 +421,68 @@ void launch(void* y, bool accumulate, const SkinnyInput& in, const void* w, int6
   else with_slabs.template operator()<2>();
 }
 
+template <class T, class Wt, class Out, SkinnyPrologue P>
+void launch(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w, int64_t m, int64_t n, int64_t k,
+            cudaStream_t stream, bool gemv) {
+  if (gemv) return launch_gemv<T, Wt, Out, P>(y, accumulate, in, w, m, n, k, stream);
+  if constexpr (std::is_same_v<Wt, T>) launch_mma<T, Out, P>(y, accumulate, in, w, m, n, k, stream);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
-bool skinny_gemm_fits(int64_t m, int64_t k) { return m >= 1 && m <= kSkinnyMaxRows && k > 0 && k % 8 == 0; }
+int64_t weights_per_load(core::DType w_dtype) { return w_dtype == core::DType::f8e4m3 ? 16 : 8; }
 
-bool skinny_gemv_fits(int64_t m, int64_t k) {
-  return skinny_gemm_fits(m, k) && m <= kGemvMaxRows && 2 * m * k <= kGemvMaxInputBytes;
+bool skinny_gemv_fits(int64_t m, int64_t k, core::DType w_dtype) {
+  return m >= 1 && m <= kGemvMaxRows && k > 0 && k % weights_per_load(w_dtype) == 0 && 2 * m * k <= kGemvMaxInputBytes;
 }
 
-void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const void* w,
-                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel) {
-  if (!skinny_gemm_fits(m, k) || n < 1)
-    throw core::Error("skinny_gemm: takes 1 to 16 rows and k a multiple of 8, not m " + std::to_string(m) + ", n " +
-                      std::to_string(n) + ", k " + std::to_string(k));
-  if (w_dtype != core::DType::bf16 && w_dtype != core::DType::f16)
-    throw core::Error("skinny_gemm: weights must be bf16 or fp16");
-  if (y_dtype != core::DType::f32 && (y_dtype != w_dtype || accumulate))
-    throw core::Error("skinny_gemm: writes the weights' dtype or float32 (which it may add to)");
-  if (kernel == SkinnyKernel::gemv && !skinny_gemv_fits(m, k))
+bool skinny_gemm_fits(int64_t m, int64_t k, core::DType w_dtype) {
+  if (w_dtype == core::DType::f8e4m3) return skinny_gemv_fits(m, k, w_dtype);
+  return m >= 1 && m <= kSkinnyMaxRows && k > 0 && k % 8 == 0;
+}
+
+void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w,
+                 int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel) {
+  using core::DType;
+  const bool fp8 = w.dtype == DType::f8e4m3;
+  if (w.dtype != DType::bf16 && w.dtype != DType::f16 && !fp8)
+    throw core::Error("skinny_gemm: weights must be bf16, fp16 or e4m3");
+  if (fp8 != (w.scales != nullptr))
+    throw core::Error("skinny_gemm: e4m3 weights need their per-channel scales, and other weights take none");
+  const std::string sizes = "m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k);
+  if (!skinny_gemm_fits(m, k, w.dtype) || n < 1)
+    throw core::Error(fp8 ? "skinny_gemm: takes e4m3 weights on the GEMV only (1 to " + std::to_string(kGemvMaxRows) +
+                                " rows, k a multiple of 16), not " + sizes
+                          : "skinny_gemm: takes 1 to 16 rows and k a multiple of 8, not " + sizes);
+  const DType act = fp8 ? DType::bf16 : w.dtype;
+  if (y_dtype != DType::f32 && (y_dtype != act || accumulate))
+    throw core::Error("skinny_gemm: writes the activations' dtype or float32 (which it may add to)");
+  if (kernel == SkinnyKernel::gemv && !skinny_gemv_fits(m, k, w.dtype))
     throw core::Error("skinny_gemm: the GEMV kernel takes at most " + std::to_string(kGemvMaxRows) + " rows of " +
-                      std::to_string(kGemvMaxInputBytes / 1024) + " KiB together, not m " + std::to_string(m) +
-                      ", k " + std::to_string(k));
-  const bool gemv = kernel == SkinnyKernel::gemv || (kernel == SkinnyKernel::automatic && skinny_gemv_fits(m, k));
+                      std::to_string(kGemvMaxInputBytes / 1024) + " KiB together, not " + sizes);
+  if (kernel == SkinnyKernel::mma && fp8) throw core::Error("skinny_gemm: e4m3 weights run on the GEMV only");
+  const bool gemv = kernel == SkinnyKernel::gemv || (kernel == SkinnyKernel::automatic && skinny_gemv_fits(m, k, w.dtype));
   const bool norm = in.prologue == SkinnyPrologue::rmsnorm;
-  if (!aligned16(y) || !aligned16(in.x) || !aligned16(w) || (norm && !aligned16(in.norm_weight)))
+  if (!aligned16(y) || !aligned16(in.x) || !aligned16(w.w) || (norm && !aligned16(in.norm_weight)))
     throw core::Error("skinny_gemm: x, w, y and the norm weight must start on 16-byte boundaries");
-  core::dispatch_activation(w_dtype, [&]<class T>() {
-    if constexpr (std::is_same_v<T, float>) {
-      throw core::Error("skinny_gemm: weights must be bf16 or fp16");
-    } else {
+  core::dispatch_activation(act, [&]<class T>() {
+    if constexpr (!std::is_same_v<T, float>) {
       core::dispatch_activation(y_dtype, [&]<class Out>() {
         if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, T>) {
-          switch (in.prologue) {
-            case SkinnyPrologue::none:
-              return launch<T, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream, gemv);
-            case SkinnyPrologue::rmsnorm:
-              return launch<T, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream, gemv);
-            case SkinnyPrologue::swiglu:
-              return launch<T, Out, SkinnyPrologue::swiglu>(y, accumulate, in, w, m, n, k, stream, gemv);
-          }
+          const auto with_weights = [&]<class Wt>() {
+            switch (in.prologue) {
+              case SkinnyPrologue::none:
+                return launch<T, Wt, Out, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream, gemv);
+              case SkinnyPrologue::rmsnorm:
+                return launch<T, Wt, Out, SkinnyPrologue::rmsnorm>(y, accumulate, in, w, m, n, k, stream, gemv);
+              case SkinnyPrologue::swiglu:
+                return launch<T, Wt, Out, SkinnyPrologue::swiglu>(y, accumulate, in, w, m, n, k, stream, gemv);
+            }
+          };
+          if (!fp8) with_weights.template operator()<T>();
+          else if constexpr (std::is_same_v<T, __nv_bfloat16>) with_weights.template operator()<e4m3>();
         }
       });
     }

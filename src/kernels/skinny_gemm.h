@@ -1,6 +1,8 @@
 // A GEMM for decode: few activation rows against a large weight matrix,
 // y[m, n] = x[m, k] · W[n, k]ᵀ (+ y), m ≤ 16, bf16 or fp16 weights and activations, float32
-// accumulation. Decode reads each weight once per step, so the kernel streams W at memory speed
+// accumulation; or, up to kGemvMaxRows rows, e4m3 weights with one float scale per output
+// channel beside bf16 activations (weight-only fp8: half the bytes of a decode step's stream, and
+// the activations are not quantized). Decode reads each weight once per step, so the kernel streams W at memory speed
 // (16-byte loads, many in flight) and puts W's rows on the tensor cores' 16-row side: 16 rows
 // cost the weight traffic of one. A prologue can build the activation on the fly, removing the
 // small kernel that would have written it:
@@ -28,6 +30,13 @@ struct SkinnyInput {
   float eps = 0;                      // rmsnorm
 };
 
+// The weights W [n, k]: bf16 or fp16, or e4m3 with `scales` [n] (y = scale · x·Wᵀ per channel).
+struct SkinnyWeights {
+  const void* w = nullptr;
+  core::DType dtype = core::DType::bf16;
+  const float* scales = nullptr;  // e4m3 only
+};
+
 constexpr int64_t kSkinnyMaxRows = 16;
 
 // The kernel behind skinny_gemm. mma: the tensor-core kernel above, any m. gemv: for
@@ -39,20 +48,21 @@ constexpr int64_t kSkinnyMaxRows = 16;
 enum class SkinnyKernel { automatic, gemv, mma };
 constexpr int64_t kGemvMaxRows = 2;
 
-// Whether skinny_gemm takes these sizes: 1 ≤ m ≤ 16 and rows of whole 16-byte pieces (k % 8 == 0).
-bool skinny_gemm_fits(int64_t m, int64_t k);
+// Whether skinny_gemm takes these sizes for weights of w_dtype: 1 ≤ m ≤ 16 and rows of whole
+// 16-byte pieces (k % 8 == 0); e4m3 weights only where the GEMV takes them, k % 16 == 0.
+bool skinny_gemm_fits(int64_t m, int64_t k, core::DType w_dtype = core::DType::bf16);
 
-// Whether the GEMV kernel takes them too: m ≤ kGemvMaxRows and the m input rows (2·m·k bytes)
-// within kGemvMaxInputBytes of shared memory.
+// Whether the GEMV kernel takes them: m ≤ kGemvMaxRows, whole 16-byte weight pieces, and the
+// m input rows (2·m·k bytes) within kGemvMaxInputBytes of shared memory.
 constexpr int64_t kGemvMaxInputBytes = 160 * 1024;
-bool skinny_gemv_fits(int64_t m, int64_t k);
+bool skinny_gemv_fits(int64_t m, int64_t k, core::DType w_dtype = core::DType::bf16);
 
-// y [m, n] in y_dtype: the weights' dtype (written) or float32 (written, or added to with
-// `accumulate`: the residual stream). w [n, k] is bf16 or fp16; x, w, norm_weight and y start on
-// 16-byte boundaries. Throws core::Error for sizes skinny_gemm_fits refuses.
-void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const void* w,
-                 core::DType w_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                 SkinnyKernel kernel = SkinnyKernel::automatic);
+// y [m, n] in y_dtype: the activations' dtype (written) or float32 (written, or added to with
+// `accumulate`: the residual stream). The activations are in the weights' dtype, bf16 beside e4m3
+// weights; x, w, norm_weight and y start on 16-byte boundaries. Throws core::Error for sizes
+// skinny_gemm_fits refuses.
+void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w,
+                 int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel = SkinnyKernel::automatic);
 
 // y[m, n] += x[m, k] · w[n, k]ᵀ in double (the input already through its prologue).
 void skinny_gemm_ref(double* y, const float* x, const float* w, int64_t m, int64_t n, int64_t k);

@@ -131,12 +131,18 @@ std::vector<LinearGemmFigures> time_fp8_linears(const LlamaConfig& config, int64
   return out;
 }
 
-double decode_bytes_per_step(const LlamaConfig& c, int64_t batch, double kv_tokens, int64_t weight_bytes_per_param) {
-  const double embedding_table = static_cast<double>(c.vocab_size * c.hidden_size);
-  const double params_read = static_cast<double>(c.num_params()) - (c.tie_word_embeddings ? 0 : embedding_table);
+double decode_bytes_per_step(const LlamaConfig& c, int64_t batch, double kv_tokens, WeightFormat weights) {
+  double weight_bytes = 0;
+  for (const WeightSpec& w : weight_specs(c)) {
+    if (w.name == "model.embed_tokens.weight" && !c.tie_word_embeddings) continue;  // one row a token
+    double elements = 1;
+    for (int64_t d : w.shape) elements *= static_cast<double>(d);
+    // fp8 linear layers: e4m3 weights and a float scale per output channel; lm_head and norms bf16.
+    const bool fp8 = weights == WeightFormat::fp8 && w.name.ends_with("_proj.weight");
+    weight_bytes += fp8 ? elements + 4.0 * static_cast<double>(w.shape[0]) : 2 * elements;
+  }
   const double kv_bytes_per_token = 2.0 * c.num_layers * c.kv_dim() * 2;  // K and V, bf16
-  return params_read * weight_bytes_per_param + static_cast<double>(batch * c.hidden_size * 2) +
-         kv_tokens * kv_bytes_per_token;
+  return weight_bytes + static_cast<double>(batch * c.hidden_size * 2) + kv_tokens * kv_bytes_per_token;
 }
 
 double prefill_flop(const LlamaConfig& c, int64_t tokens) {
@@ -236,7 +242,7 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     f.end_to_end_tokens_per_s = 1e3 * static_cast<double>(batch * o.output) / total_ms;
     // Decode steps read input .. input + output - 2 cached tokens per sequence: the mean is taken.
     const double mean_kv = static_cast<double>(batch) * (static_cast<double>(o.input) + (o.output - 2) / 2.0 + 1);
-    f.bytes_per_step = decode_bytes_per_step(c, batch, mean_kv);
+    f.bytes_per_step = decode_bytes_per_step(c, batch, mean_kv, s.cuda.weights);
     f.floor_ms = 1e3 * f.bytes_per_step / report.ceilings.copy_bytes_per_s;
     f.fraction_of_floor = f.step_ms_median > 0 ? f.floor_ms / f.step_ms_median : 0;
     core::log_info("bench llm: batch ", batch, ": ", f.step_ms_median, " ms/step, ", f.decode_tokens_per_s,

@@ -98,9 +98,11 @@ std::vector<LinearShape> fp8_linear_shapes(const LlamaConfig& config);
 // engine's layers each have their own; the activations stay hot, as the engine's were just written.
 std::vector<LinearGemmFigures> time_fp8_linears(const LlamaConfig& config, int64_t m);
 
-// Bytes a decode step must read: every weight but the embedding table (one row a token),
-// plus `kv_tokens` cached tokens' keys and values.
-double decode_bytes_per_step(const LlamaConfig& c, int64_t batch, double kv_tokens, int64_t weight_bytes_per_param = 2);
+// Bytes a decode step must read: every weight but the embedding table (one row a token), in the
+// engine's format (fp8: the linear layers' e4m3 weights and per-channel float scales, the rest
+// bf16), plus `kv_tokens` cached tokens' keys and values.
+double decode_bytes_per_step(const LlamaConfig& c, int64_t batch, double kv_tokens,
+                             WeightFormat weights = WeightFormat::bf16);
 // FLOPs of a forward pass over a `tokens`-token prompt: 2 per weight per token, plus causal
 // attention's QKᵀ and PV.
 double prefill_flop(const LlamaConfig& c, int64_t tokens);

@@ -220,8 +220,10 @@ struct CudaEngine::Impl {
   }
 
   // y = input·Wᵀ (+ y with beta 1, into float) by skinny_gemm, the input through its prologue.
+  // fp8 layers run weight-only there: the bf16 input is not quantized.
   void skinny_linear(const Linear& L, const kernels::SkinnyInput& in, void* y, DType y_type, int64_t m, float beta) {
-    kernels::skinny_gemm(y, y_type, beta != 0.f, in, weights.get() + L.w, L.dtype, m, L.n, L.k, *stream);
+    const float* scales = L.dtype == DType::f8e4m3 ? reinterpret_cast<const float*>(weights.get() + L.scales) : nullptr;
+    kernels::skinny_gemm(y, y_type, beta != 0.f, in, {weights.get() + L.w, L.dtype, scales}, m, L.n, L.k, *stream);
   }
 
   static Linear plan_linear(Arena& arena, int64_t n, int64_t k, DType dtype) {
@@ -799,12 +801,12 @@ bool residual_wants_symmetric_memory(const EngineOptions& options) {
 
 DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig& model) {
   static const std::optional<bool> env = core::env_switch("GPULAB_SKINNY_GEMM");
-  const auto takes = [&](bool (*fits)(int64_t, int64_t)) {
-    return fits(options.max_batch, model.hidden_size) && fits(options.max_batch, model.q_dim()) &&
-           fits(options.max_batch, model.intermediate_size);
+  const DType w = options.weights == WeightFormat::fp8 ? DType::f8e4m3 : DType::bf16;
+  const auto takes = [&](bool (*fits)(int64_t, int64_t, DType)) {
+    return fits(options.max_batch, model.hidden_size, w) && fits(options.max_batch, model.q_dim(), w) &&
+           fits(options.max_batch, model.intermediate_size, w);
   };
-  if (options.weights != WeightFormat::bf16 || options.shard.world != 1 || !takes(kernels::skinny_gemm_fits))
-    return DecodeSkinny::none;
+  if (options.shard.world != 1 || !takes(kernels::skinny_gemm_fits)) return DecodeSkinny::none;
   if (const std::optional<bool> all = env ? env : options.skinny_gemm)
     return *all ? DecodeSkinny::all : DecodeSkinny::none;
   return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::o_proj;

@@ -36,14 +36,15 @@ struct EngineOptions {
   int64_t max_kv_tokens = 0;         // cap on the KV pool; 0: as much as memory allows
   int64_t block_size = 16;           // tokens per KV page
   bool cuda_graphs = true;           // replay pure decode steps from CUDA graphs
-  // Decode passes of at most 16 rows with bf16 weights can run their linear layers on
+  // Decode passes of at most 16 rows can run their linear layers on
   // kernels::skinny_gemm (the norms and the SwiGLU gate fused into it) instead of cuBLASLt.
   // Unset (decode_skinny_gemm): every layer where its GEMV kernel takes the decode pass
   // (max_batch ≤ kernels::kGemvMaxRows): on the H200, 7B batch 1, 3.69-3.75 against 4.33-4.37 ms
   // a step on cuBLASLt (session 9); above that, up to 16 rows, o_proj alone on its tensor-core
   // kernel: 3.6-4.4 % off a batch-8 step, 0.5-1.9 % at 16 (session 10), while every layer on it
   // lost to cuBLASLt there (batch 8 / 16: 5.26 / 7.22 against 4.74 / 5.01 ms, session 9).
-  // true / false: every layer up to 16 rows / none.
+  // true / false: every layer up to 16 rows / none. fp8 weights run there on the GEMV alone,
+  // weight-only (the bf16 activations are not quantized), so only with max_batch ≤ kGemvMaxRows.
   // GPULAB_SKINNY_GEMM=1 or 0 overrides this.
   std::optional<bool> skinny_gemm;
   // Prompt chunks of one step share forward passes (up to max_step_tokens rows and max_batch

@@ -22,6 +22,7 @@ inline float round_to(float x, DType dt) {
   switch (dt) {
     case DType::bf16: return core::bf16_bits_to_float(core::float_to_bf16_bits(x));
     case DType::f16: return core::f16_bits_to_float(core::float_to_f16_bits(x));
+    case DType::f8e4m3: return core::f8e4m3_bits_to_float(core::float_to_f8e4m3_bits(x));
     default: return x;
   }
 }
@@ -40,6 +41,8 @@ inline std::vector<uint8_t> to_bytes(const std::vector<float>& v, DType dt) {
   for (size_t i = 0; i < v.size(); ++i) {
     if (dt == DType::f32) {
       std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else if (dt == DType::f8e4m3) {
+      out[i] = core::float_to_f8e4m3_bits(v[i]);
     } else {
       const uint16_t b = dt == DType::bf16 ? core::float_to_bf16_bits(v[i]) : core::float_to_f16_bits(v[i]);
       std::memcpy(out.data() + 2 * i, &b, 2);

@@ -1,7 +1,7 @@
 // skinny_gemm against a float64 host reference: every row count 1..16 on the 7B decode shapes
 // and on odd small ones (k tails, partial slabs, each slabs-per-block choice), every output mode
-// and prologue, both kernels where both take the rows, outputs poisoned (rows past m must stay
-// so), every element checked.
+// and prologue, both kernels where both take the rows, e4m3 weights with per-channel scales on
+// the GEMV, outputs poisoned (rows past m must stay so), every element checked.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,31 +31,42 @@ std::string label(SkinnyPrologue p) {
 }
 std::string label(Output o) { return o == Output::narrow ? "narrow" : o == Output::f32 ? "f32" : "f32+="; }
 
-// The kernels that take m rows of width k: the GEMV and the tensor-core kernel where both do.
-std::vector<SkinnyKernel> kernels_for(int64_t m, int64_t k) {
-  if (skinny_gemv_fits(m, k)) return {SkinnyKernel::gemv, SkinnyKernel::mma};
-  return {SkinnyKernel::mma};
+// The kernels that take m rows of width k: the GEMV and the tensor-core kernel where they do.
+std::vector<SkinnyKernel> kernels_for(int64_t m, int64_t k, DType w_dt = DType::bf16) {
+  std::vector<SkinnyKernel> all;
+  if (skinny_gemv_fits(m, k, w_dt)) all.push_back(SkinnyKernel::gemv);
+  if (w_dt != DType::f8e4m3) all.push_back(SkinnyKernel::mma);
+  return all;
 }
 
-// Inputs for kRows rows; each row count m uses the first m (rows are independent).
+// Inputs for kRows rows; each row count m uses the first m (rows are independent). The weights
+// are in the activations' dtype dt, or e4m3 (w_dt) with a scale per output channel.
 struct Case {
-  DType dt;
+  DType dt, w_dt;
   SkinnyPrologue prologue;
   int64_t n, k;
-  std::unique_ptr<DeviceTensor> x, norm, w;
+  std::unique_ptr<DeviceTensor> x, norm, w, scales;
   std::vector<float> input;       // the GEMM's input after the prologue, rounded to dt [kRows, k]
-  std::vector<double> dot, bound;  // x·Wᵀ and |x|·|W|ᵀ [kRows, n]
-  std::vector<double> largest_term;  // per row: max |input| · max |W|
+  std::vector<double> dot, bound;  // x·Wᵀ and |x|·|W|ᵀ [kRows, n], scaled per channel
+  std::vector<double> largest_term;  // per row: max |input| · max |W · scale|
 
-  Case(DType dt_, SkinnyPrologue p, int64_t n_, int64_t k_, std::mt19937& rng, bool integers = false)
-      : dt(dt_), prologue(p), n(n_), k(k_) {
+  // integers: integer inputs and weights, and power-of-two scales, so every sum is exact.
+  Case(DType dt_, SkinnyPrologue p, int64_t n_, int64_t k_, std::mt19937& rng, bool integers = false,
+       DType w_dt_ = DType::f32)
+      : dt(dt_), w_dt(w_dt_ == DType::f32 ? dt_ : w_dt_), prologue(p), n(n_), k(k_) {
     auto draw = [&](size_t count, float lo, float hi) {
       std::vector<float> v = uniform(count, rng, lo, hi);
       if (integers)
         for (float& e : v) e = std::round(e);
       return v;
     };
-    w = std::make_unique<DeviceTensor>(draw(n * k, -2, 2), dt);
+    w = std::make_unique<DeviceTensor>(draw(n * k, -2, 2), w_dt);
+    std::vector<float> scale(n, 1.f);
+    if (w_dt == DType::f8e4m3) {
+      for (float& s : scale) s = integers ? std::ldexp(1.f, std::uniform_int_distribution<int>(-2, 2)(rng))
+                                          : std::uniform_real_distribution<float>(0.25f, 2.f)(rng);
+      scales = std::make_unique<DeviceTensor>(scale, DType::f32);
+    }
     input.resize(kRows * k);
     if (p == SkinnyPrologue::none) {
       x = std::make_unique<DeviceTensor>(draw(kRows * k, -2, 2), dt);
@@ -70,7 +81,8 @@ struct Case {
     }
     for (float& e : input) e = round_to(e, dt);
     float w_max = 0;
-    for (float e : w->host) w_max = std::max(w_max, std::abs(e));
+    for (int64_t c = 0; c < n; ++c)
+      for (int64_t i = 0; i < k; ++i) w_max = std::max(w_max, std::abs(w->host[c * k + i] * scale[c]));
     for (int64_t r = 0; r < kRows; ++r) {
       float row_max = 0;
       for (int64_t i = 0; i < k; ++i) row_max = std::max(row_max, std::abs(input[r * k + i]));
@@ -83,6 +95,11 @@ struct Case {
     for (float& e : abs_in) e = std::abs(e);
     for (float& e : abs_w) e = std::abs(e);
     skinny_gemm_ref(bound.data(), abs_in.data(), abs_w.data(), kRows, n, k);
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        dot[r * n + c] *= scale[c];
+        bound[r * n + c] *= scale[c];
+      }
   }
 
   static constexpr float kEps = 1e-5f;
@@ -90,12 +107,15 @@ struct Case {
   SkinnyInput in() const {
     return {x->device.get(), prologue, norm ? norm->device.get() : nullptr, kEps};
   }
+  SkinnyWeights weights() const {
+    return {w->device.get(), w_dt, scales ? reinterpret_cast<const float*>(scales->device.get()) : nullptr};
+  }
 
   // Runs rows 0..m-1 into a poisoned [kRows + 1, n] output (with accumulation, rows < m hold y0)
   // and checks every element: rows < m within tolerance (or exactly: `exact`), the rest untouched.
   void check(int64_t m, Output mode, std::mt19937& rng, SkinnyKernel kernel, bool exact = false) {
     const DType out_dt = mode == Output::narrow ? dt : DType::f32;
-    const std::string what = dtype_label(dt) + " " + label(prologue) + " -> " + label(mode) + " m " +
+    const std::string what = dtype_label(w_dt) + " " + label(prologue) + " -> " + label(mode) + " m " +
                              std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
                              (kernel == SkinnyKernel::gemv ? " gemv" : " mma");
     const int64_t total = (kRows + 1) * n;
@@ -105,10 +125,10 @@ struct Case {
       y0 = uniform(m * n, rng, -2, 2);
       GPULAB_CHECK(cudaMemcpy(y.get(), y0.data(), m * n * 4, cudaMemcpyHostToDevice));
     }
-    skinny_gemm(y.get(), out_dt, mode == Output::f32_accumulate, in(), w->device.get(), dt, m, n, k, nullptr, kernel);
+    skinny_gemm(y.get(), out_dt, mode == Output::f32_accumulate, in(), weights(), m, n, k, nullptr, kernel);
     const std::vector<float> got = y.download();
-    // float32 accumulation in any order: far below 1e-5 of Σ|x·w| (k ≤ 11008); one rounding of
-    // the result to a narrow dtype; a prologue input rounded the other way than on the host
+    // float32 accumulation in any order: far below 1e-5 of Σ|x·w| (k ≤ 11008), the scale's
+    // product included; one rounding of the result to a narrow dtype; a prologue input rounded the other way than on the host
     // (inverse RMS or exp one float ulp apart) moves one term by a unit roundoff of itself.
     const double rel = mode == Output::narrow ? unit_roundoff(dt) : 0.0;
     const double flip = prologue == SkinnyPrologue::none ? 0.0 : unit_roundoff(dt);
@@ -174,14 +194,37 @@ TEST(SkinnyGemmGpu, SevenBDecodeShapesEveryRowCount) {
 }
 
 // Integer inputs make every product and partial sum exact in float32: a fragment or k-order
-// mistake cannot hide inside a tolerance.
+// mistake cannot hide inside a tolerance. e4m3 weights too, with power-of-two scales.
 TEST(SkinnyGemmGpu, IntegerInputsGiveExactSums) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(43);
-  for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 11008}, {131, 264}, {17000, 200}}) {
-    Case c(DType::bf16, SkinnyPrologue::none, n, k, rng, true);
-    for (int64_t m = 1; m <= kRows; ++m)
-      for (SkinnyKernel kernel : kernels_for(m, k)) c.check(m, Output::f32, rng, kernel, true);
+  for (DType w_dt : {DType::bf16, DType::f8e4m3})
+    for (auto [n, k_bf16] : {std::pair<int64_t, int64_t>{4096, 11008}, {131, 264}, {17000, 200}}) {
+      const int64_t k = w_dt == DType::f8e4m3 ? (k_bf16 + 15) / 16 * 16 : k_bf16;  // whole 16-weight loads
+      Case c(DType::bf16, SkinnyPrologue::none, n, k, rng, true, w_dt);
+      for (int64_t m = 1; m <= kRows; ++m)
+        for (SkinnyKernel kernel : kernels_for(m, k, w_dt)) c.check(m, Output::f32, rng, kernel, true);
+    }
+}
+
+// e4m3 weights with per-channel scales, on the GEMV (1 and 2 rows): every output mode and
+// prologue on odd shapes (one 16-byte piece, k past whole load batches, n past whole blocks) and
+// on the 7B qkv and down shapes.
+TEST(SkinnyGemmGpu, Fp8WeightsOnTheGemv) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(45);
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 16}, {37, 80}, {1000, 1040}, {9000, 4112}};
+  for (auto [n, k] : shapes)
+    for (SkinnyPrologue p : kPrologues) {
+      Case c(DType::bf16, p, n, k, rng, false, DType::f8e4m3);
+      for (Output mode : kOutputs)
+        for (int64_t m = 1; m <= kGemvMaxRows; ++m) c.check(m, mode, rng, SkinnyKernel::gemv);
+    }
+  Case qkv(DType::bf16, SkinnyPrologue::rmsnorm, 12288, 4096, rng, false, DType::f8e4m3);
+  Case down(DType::bf16, SkinnyPrologue::swiglu, 4096, 11008, rng, false, DType::f8e4m3);
+  for (int64_t m = 1; m <= kGemvMaxRows; ++m) {
+    qkv.check(m, Output::narrow, rng, SkinnyKernel::automatic);
+    down.check(m, Output::f32_accumulate, rng, SkinnyKernel::automatic);
   }
 }
 
@@ -201,10 +244,9 @@ TEST_P(SkinnyGemmChainGpu, ChainedLaunchesSeeTheEarlierOutput) {
     auto residual = DeviceTensor::poisoned(m * hidden, DType::f32);
     auto out = DeviceTensor::poisoned(m * wide, DType::bf16);
     GPULAB_CHECK(cudaDeviceSynchronize());  // the poison is in place before the non-blocking stream runs
-    skinny_gemm(residual.get(), DType::f32, false, down.in(), down.w->device.get(), DType::bf16, m, hidden, inter,
-                stream);
+    skinny_gemm(residual.get(), DType::f32, false, down.in(), down.weights(), m, hidden, inter, stream);
     skinny_gemm(out.get(), DType::bf16, false, {residual.get(), SkinnyPrologue::rmsnorm, norm.get(), Case::kEps},
-                w.get(), DType::bf16, m, wide, hidden, stream);
+                {w.get(), DType::bf16}, m, wide, hidden, stream);
     stream.synchronize();
     const std::vector<float> x = residual.download(), got = out.download();
     std::vector<float> input(m * hidden);
@@ -237,17 +279,30 @@ TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   EXPECT_TRUE(skinny_gemm_fits(16, 11008));
   core::DeviceBuffer<std::byte> buf(1 << 16);
   const SkinnyInput in{buf.get()};
-  EXPECT_THROW(skinny_gemm(buf.get(), DType::f32, false, in, buf.get(), DType::bf16, 17, 8, 64, nullptr), core::Error);
-  EXPECT_THROW(skinny_gemm(buf.get(), DType::f32, false, in, buf.get(), DType::f32, 1, 8, 64, nullptr), core::Error);
-  EXPECT_THROW(skinny_gemm(buf.get(), DType::bf16, true, in, buf.get(), DType::bf16, 1, 8, 64, nullptr), core::Error);
-  EXPECT_THROW(skinny_gemm(buf.get() + 2, DType::f32, false, in, buf.get(), DType::bf16, 1, 8, 64, nullptr),
-               core::Error);
+  const SkinnyWeights bf16{buf.get()}, fp8{buf.get(), DType::f8e4m3, reinterpret_cast<const float*>(buf.get())};
+  const auto refused = [&](void* y, DType y_dt, bool accumulate, const SkinnyWeights& w, int64_t m, int64_t k,
+                           SkinnyKernel kernel = SkinnyKernel::automatic) {
+    EXPECT_THROW(skinny_gemm(y, y_dt, accumulate, in, w, m, 8, k, nullptr, kernel), core::Error)
+        << dtype_label(w.dtype) << " m " << m << " k " << k;
+  };
+  refused(buf.get(), DType::f32, false, bf16, 17, 64);
+  refused(buf.get(), DType::f32, false, {buf.get(), DType::f32}, 1, 64);
+  refused(buf.get(), DType::bf16, true, bf16, 1, 64);
+  refused(buf.get() + 2, DType::f32, false, bf16, 1, 64);
   EXPECT_TRUE(skinny_gemv_fits(kGemvMaxRows, 11008));
   EXPECT_FALSE(skinny_gemv_fits(kGemvMaxRows + 1, 64));
   EXPECT_FALSE(skinny_gemv_fits(1, 1 << 20));  // its input rows would not fit in shared memory
-  EXPECT_THROW(skinny_gemm(buf.get(), DType::f32, false, in, buf.get(), DType::bf16, kGemvMaxRows + 1, 8, 64, nullptr,
-                           SkinnyKernel::gemv),
-               core::Error);
+  refused(buf.get(), DType::f32, false, bf16, kGemvMaxRows + 1, 64, SkinnyKernel::gemv);
+  // e4m3 weights: the GEMV's rows only, whole 16-weight loads, their scales and nothing else.
+  EXPECT_TRUE(skinny_gemm_fits(kGemvMaxRows, 11008, DType::f8e4m3));
+  EXPECT_FALSE(skinny_gemm_fits(kGemvMaxRows + 1, 64, DType::f8e4m3));
+  EXPECT_FALSE(skinny_gemm_fits(1, 72, DType::f8e4m3));
+  refused(buf.get(), DType::f32, false, fp8, kGemvMaxRows + 1, 64);
+  refused(buf.get(), DType::f32, false, fp8, 1, 72);
+  refused(buf.get(), DType::f32, false, fp8, 1, 64, SkinnyKernel::mma);
+  refused(buf.get(), DType::f32, false, {buf.get(), DType::f8e4m3}, 1, 64);  // no scales
+  refused(buf.get(), DType::f32, false, {buf.get(), DType::bf16, fp8.scales}, 1, 64);
+  refused(buf.get(), DType::f8e4m3, false, fp8, 1, 64);  // writes bf16 or float32
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // bench llm's fp8 prefill GEMM table on the CPU: the linear layers it times are the engine's, in
-// the shapes the checkpoint's tensors give them, whole and per tensor-parallel rank.
+// the shapes the checkpoint's tensors give them, whole and per tensor-parallel rank; and the bytes
+// its decode floor counts, in bf16 and fp8.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -84,6 +85,20 @@ TEST(BenchLlmGemms, ShapesCoverThePrefillLinearFlop) {
   const double lm_head = 2.0 * c.vocab_size * c.hidden_size;
   const double want = prefill_flop(c, t) - attention - lm_head;
   EXPECT_NEAR(c.num_layers * per_layer, want, 1e-9 * want);
+}
+
+// LLaMA-2-7B by hand: 32 layers of q/k/v/o (4096 x 4096) and gate/up/down (11008 x 4096), norms,
+// lm_head (32000 x 4096); the embedding table is gathered, not read whole. fp8 halves the linear
+// layers and adds a float scale per output channel.
+TEST(BenchLlmFloor, DecodeBytesCountTheEnginesWeightFormat) {
+  const LlamaConfig c = builtin_config("llama2-7b");
+  const double h = 4096, inter = 11008, layers = 32;
+  const double linear = layers * (4 * h * h + 3 * h * inter), channels = layers * (4 * h + 2 * inter + h);
+  const double rest = 32000 * h + layers * 2 * h + h;  // lm_head, two norms a layer, the final norm
+  const double kv_tokens = 1000, kv = kv_tokens * layers * 2 * h * 2, rows = 16 * h * 2;
+  EXPECT_DOUBLE_EQ(decode_bytes_per_step(c, 16, kv_tokens), 2 * (linear + rest) + rows + kv);
+  EXPECT_DOUBLE_EQ(decode_bytes_per_step(c, 16, kv_tokens, WeightFormat::fp8),
+                   linear + 4 * channels + 2 * rest + rows + kv);
 }
 
 TEST(BenchLlmGemms, TimingNeedsRows) {

@@ -20,6 +20,7 @@
 #include "llm/cpu_model.h"
 #include "llm/cuda_engine.h"
 #include "llm/fixtures.h"
+#include "llm/fp8_testing.h"
 #include "llm/scheduler.h"
 #include "llm/tokenizer.h"
 
@@ -624,6 +625,51 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
           << "batch " << batch << " request " << i << " token " << t << ": not a near tie";
     }
     EXPECT_LE(parted, 2) << "batch " << batch;
+  }
+}
+
+// fp8 weights where the GEMV takes the decode passes (max batch ≤ 2): the linear layers run there
+// weight-only, their bf16 input not quantized, while prefill stays on cuBLASLt's fp8 GEMMs with
+// quantized activations (W8A8). The decode rows must land nearer the bf16 engine than W8A8's do,
+// flip its top token only at fp8 near ties, and replay from the graph as launched eagerly.
+TEST(CudaEngine, Fp8GemvDecodeIsWeightOnlyAndNearerBf16) {
+  GPULAB_REQUIRE_GPU();
+  const auto source = tiny();
+  const auto fp8 = [](int64_t max_batch, std::optional<bool> skinny, bool graphs = true) {
+    EngineOptions opt = decode_batch(max_batch, skinny, graphs);
+    opt.weights = WeightFormat::fp8;
+    return opt;
+  };
+  const auto which = [&](const EngineOptions& opt) { return decode_skinny_gemm(opt, source.config()); };
+  if (which(fp8(1, std::nullopt)) != DecodeSkinny::all) GTEST_SKIP() << "skinny_gemm is switched off (GPULAB_SKINNY_GEMM=0)";
+  EXPECT_EQ(which(fp8(kernels::kGemvMaxRows, std::nullopt)), DecodeSkinny::all);
+  EXPECT_EQ(which(fp8(kernels::kGemvMaxRows + 1, std::nullopt)), DecodeSkinny::none);  // fp8 runs on the GEMV only
+  EXPECT_EQ(which(fp8(kernels::kGemvMaxRows + 1, true)), DecodeSkinny::none);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : testing::load_fixture_cases("llama_tiny")) prompts.push_back(c.ids);
+  constexpr int64_t V = 1024;
+  for (int64_t batch = 1; batch <= kernels::kGemvMaxRows; ++batch) {
+    CudaEngine gemv(source, fp8(batch, std::nullopt)), eager(source, fp8(batch, std::nullopt, false));
+    CudaEngine w8a8(source, fp8(batch, false)), bf16(source, decode_batch(batch, std::nullopt));
+    const auto got = teacher_forced(gemv, prompts), got_eager = teacher_forced(eager, prompts);
+    const auto cublas = teacher_forced(w8a8, prompts), want = teacher_forced(bf16, prompts);
+    llm::testing::Fp8Agreement weight_only, both;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const size_t decoded = std::max<size_t>(1, prompts[i].size() / 2);  // the first decode row
+      const auto rows = [&](const std::vector<float>& all) {
+        return std::vector<float>(all.begin() + decoded * V, all.end());
+      };
+      weight_only.add(rows(got[i]), rows(want[i]), V);
+      both.add(rows(cublas[i]), rows(want[i]), V);
+      EXPECT_EQ(got_eager[i], got[i]) << "batch " << batch << " case " << i << ": graph replay differs from eager";
+    }
+    const std::string what = "batch " + std::to_string(batch);
+    weight_only.print((what + ": fp8 weight-only GEMV decode vs the bf16 engine").c_str());
+    both.print((what + ": fp8 W8A8 cuBLASLt decode vs the bf16 engine").c_str());
+    EXPECT_TRUE(weight_only.finite) << what;
+    EXPECT_LT(weight_only.rel_l2(), both.rel_l2()) << what;
+    EXPECT_GE(double(weight_only.decided_agree) / weight_only.decided, 0.95) << what;
+    EXPECT_LE(weight_only.worst_flip, 0.125f) << what << ": a flip outside an fp8 near tie";
   }
 }
 

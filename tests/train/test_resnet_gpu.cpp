@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/gpu.h"
+#include "common/test_seed.h"
 #include "core/dtype.h"
 #include "core/memory.h"
 #include "train/optimizer.h"
@@ -98,7 +99,7 @@ TEST(ResNetGpu, GradientsMatchFiniteDifferences) {
   core::Stream s;
   const ModelOptions o = tiny();
   ResNet net(o);
-  const Batch b = random_batch(o, std::random_device{}());
+  const Batch b = random_batch(o, gpulab::testing::test_seed());
   loss_at(net, b, s);
   const std::vector<float> grads = download(net.grads(), size_t(net.param_count()), s);
   for (float g : grads) ASSERT_TRUE(std::isfinite(g));
@@ -162,7 +163,7 @@ TEST(ResNetGpu, ZeroClassifierGivesLogKLossAndHandComputedBiasGradient) {
   core::Stream s;
   const ModelOptions o = tiny();
   ResNet net(o);
-  const Batch b = random_batch(o, std::random_device{}());
+  const Batch b = random_batch(o, gpulab::testing::test_seed());
   const auto& specs = net.param_specs();
   const int64_t fc = net.param_count() - specs[specs.size() - 2].count - specs.back().count;
   GPULAB_CHECK(cudaMemsetAsync(net.params() + fc, 0, size_t(net.param_count() - fc) * 4, s));
@@ -197,7 +198,7 @@ TEST(ResNetGpu, AccumulatingTwoHalfWeightedPassesEqualsOneFull) {
   for (const ModelOptions& o : {tiny(), nchw}) {
     SCOPED_TRACE(o.conv_layout ? "ResNet-50, NCHW convolutions" : "ResNet-18");
     ResNet net(o);
-    const Batch b = random_batch(o, std::random_device{}());
+    const Batch b = random_batch(o, gpulab::testing::test_seed());
     net.forward(b.images.get(), true, s);
     net.backward(b.labels.get(), 1.f, false, nullptr, s);
     const auto once = download(net.grads(), size_t(net.param_count()), s);
@@ -218,7 +219,7 @@ TEST(ResNetGpu, AccumulatingTwoHalfWeightedPassesEqualsOneFull) {
 TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
-  const uint32_t seed = std::random_device{}();  // one batch for both: their errors compare
+  const uint32_t seed = gpulab::testing::test_seed();  // one batch for both: their errors compare
   for (core::DType dt : {core::DType::f16, core::DType::bf16}) {
     SCOPED_TRACE(std::string(core::dtype_name(dt)));
     ModelOptions o32 = tiny(core::DType::f32, 16), olow = tiny(dt, 16);
@@ -292,7 +293,7 @@ TEST(ResNetGpu, LossAndBiasGradientMatchCpuFromTheLogits) {
   o.batch = 6;
   o.label_smoothing = 0.2f;
   ResNet net(o);
-  const Batch b = random_batch(o, std::random_device{}());
+  const Batch b = random_batch(o, gpulab::testing::test_seed());
   net.forward(b.images.get(), true, s);
   const auto z = download(net.logits(), size_t(o.batch) * 10, s);
   poison_grads(net, s);
@@ -404,7 +405,7 @@ void expect_tracks_fp32_as(const FixedBatchRun& exact, const FixedBatchRun& run,
 TEST(ResNetGpu, FusedBatchNormActivationTrainsAsTheSeparateKernels) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = gpulab::testing::test_seed();
   for (const int depth : {18, 50}) {
     SCOPED_TRACE("ResNet-" + std::to_string(depth));
     ModelOptions exact_opt = covering_model(depth);
@@ -528,7 +529,7 @@ void expect_same_step(const Step& got, const Step& want, const TensorError& bar,
 TEST(ResNetGpu, NchwConvolutionsTrainAsNhwcInFp32) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = gpulab::testing::test_seed();
   for (const int depth : {18, 50}) {
     SCOPED_TRACE("ResNet-" + std::to_string(depth));
     ModelOptions nhwc = covering_model(depth), nchw = nhwc;
@@ -552,7 +553,7 @@ TEST(ResNetGpu, MeasuredConvLayoutsTrainAsNhwc) {
   nhwc.conv_layout = ConvLayout::nhwc;
   deterministic.deterministic = true;
   EXPECT_EQ(ResNet(deterministic).nchw_conv_directions(), 0);
-  const Batch b = random_batch(measured, std::random_device{}());
+  const Batch b = random_batch(measured, gpulab::testing::test_seed());
   const Step want = train_step(nhwc, b, s), got = train_step(measured, b, s);
   std::printf("%d of %d convolution directions measured faster in NCHW\n", got.nchw_directions,
               conv_directions(measured));
@@ -564,7 +565,7 @@ TEST(ResNetGpu, MeasuredConvLayoutsTrainAsNhwc) {
 TEST(ResNetGpu, NchwConvolutionsInTf32TrackFp32AsNhwc) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = gpulab::testing::test_seed();
   for (const int depth : {18, 50}) {
     SCOPED_TRACE("ResNet-" + std::to_string(depth));
     ModelOptions exact = covering_model(depth);
@@ -596,7 +597,7 @@ TEST(ResNetGpu, NchwConvolutionsInTf32TrackFp32AsNhwc) {
 TEST(ResNetGpu, HalfPrecisionNchwConvolutionsTrackFp32AsNhwc) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = gpulab::testing::test_seed();
   const ModelOptions exact_opt = covering_model(50);
   const FixedBatchRun exact = step_on_batch(exact_opt, random_batch(exact_opt, seed), s);
   for (const core::DType dt : {core::DType::f16, core::DType::bf16}) {
