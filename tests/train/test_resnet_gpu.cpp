@@ -498,15 +498,14 @@ std::vector<TensorError> tensor_errors(const Step& got, const Step& want) {
 }
 
 // How far two fp32 steps that differ only in the cuDNN algorithms' rounding may be apart, per
-// gradient tensor. The BN backward of a network at initialisation amplifies that rounding: for
-// ResNet-18 the bar of one fp32 step elsewhere holds (1e-3 relative L2, test_data_parallel_gpu.cpp;
-// every element within 1 % of its tensor's largest), but ResNet-50's own fp32 gradients are 2.5 %
-// from float64 (ReferenceGpu), so two fp32 runs of it may be twice that apart (NCHW against
-// NHWC measured 2.7 % on the H200, and an element at 12 % of its tensor's largest): it is held
-// to 5 % in L2 alone. A wrong transpose, filter order or beta is off by order 1.
-TensorError step_bar(const ModelOptions& o) {
-  return o.net.depth >= 50 ? TensorError{5e-2, INFINITY} : TensorError{1e-3, 1e-2};
-}
+// gradient tensor. The BN backward of a network at initialisation amplifies that rounding, by how
+// much depends on the batch: over 20 random batches on the H200 (session 15), NCHW against NHWC
+// gave a worst tensor at 5e-6 relative L2 for 15 ResNet-18 batches but 5.5e-3 to 4.8e-2 for the
+// other 5 (always the stem and the first block, upstream of the amplification), and 1.4e-2 to
+// 6.3e-2 for ResNet-50, whose own fp32 gradients are 2.5 % from float64 (ReferenceGpu). An element
+// reached a third of its tensor's largest. A wrong transpose, filter order or beta is off by
+// order 1, and the logits and loss (expect_same_step) stay within 1e-4 and 1e-5 in every batch.
+TensorError step_bar() { return {0.15, INFINITY}; }
 
 // Training in NCHW must be the same arithmetic as in NHWC (step_bar), and the worst is printed.
 void expect_same_step(const Step& got, const Step& want, const TensorError& bar, const std::string& what) {
@@ -539,7 +538,7 @@ TEST(ResNetGpu, NchwConvolutionsTrainAsNhwcInFp32) {
     const Step want = train_step(nhwc, b, s), got = train_step(nchw, b, s);
     EXPECT_EQ(want.nchw_directions, 0);
     EXPECT_EQ(got.nchw_directions, conv_directions(nchw));
-    expect_same_step(got, want, step_bar(nchw), "ResNet-" + std::to_string(depth) + " fp32 NCHW against NHWC");
+    expect_same_step(got, want, step_bar(), "ResNet-" + std::to_string(depth) + " fp32 NCHW against NHWC");
   }
 }
 
@@ -557,7 +556,7 @@ TEST(ResNetGpu, MeasuredConvLayoutsTrainAsNhwc) {
   const Step want = train_step(nhwc, b, s), got = train_step(measured, b, s);
   std::printf("%d of %d convolution directions measured faster in NCHW\n", got.nchw_directions,
               conv_directions(measured));
-  expect_same_step(got, want, step_bar(measured), "ResNet-50 fp32 measured layouts against NHWC");
+  expect_same_step(got, want, step_bar(), "ResNet-50 fp32 measured layouts against NHWC");
 }
 
 // TF32 rounds differently in the two layouts' algorithms: each is measured against the strict
