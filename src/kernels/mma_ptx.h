@@ -1,6 +1,6 @@
-// The sm_80+ PTX that the tensor-core kernels share (gemm_mma.cu, attention_prefill_mma.cu):
-// cp.async copies into shared memory, ldmatrix and m16n8k16 mma with fp32 accumulators, and a
-// one-instruction exp2. Device code only; include from .cu files.
+// The sm_80+ PTX that the tensor-core kernels share (gemm_mma.cu, attention_prefill_mma.cu,
+// skinny_gemm.cu): cp.async copies into shared memory, ldmatrix, m16n8k16 mma (and sm_89's e4m3
+// m16n8k32) with fp32 accumulators, and a one-instruction exp2. Device code only; include from .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -51,6 +51,18 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a·b for one m16n8k32 tile of e4m3 (sm_89 and newer): a 16×32 (row), b 32×8 (col), d 16×8
+// fp32. Each register holds 4 e4m3 where m16n8k16's holds 2 bf16, in the same fragment places.
+__device__ inline void mma_16832_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 890
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host refuses fp8 below compute capability 8.9
+#endif
 }
 
 // 2^x in one MUFU instruction (about 2 ulp; results below 2^-126 flush to 0, 2^-inf is 0):

@@ -14,13 +14,17 @@ namespace gpulab::kernels {
 namespace {
 
 constexpr int kWarps = 8;    // K is split over the warps of a block
-constexpr int kChunk = 32;   // k of one warp step: each lane loads 8 consecutive elements of its rows
 constexpr int kWeightLoads = 16;  // 16-byte weight loads each lane keeps in flight
+using e4m3 = __nv_fp8_e4m3;
+// Elements of T in one 16-byte load.
+template <class T>
+constexpr int kPerLoad = 16 / sizeof(T);
 
 // m16n8k16 sums over k, so any order of k serves when W's fragment and x's use the same one. A
 // lane (group g = lane / 4, t = lane % 4) loads the 16 bytes at k0 = chunk + 8t of W rows g and
 // g + 8 and of x row g: its words .x/.y feed the chunk's first mma (as the fragment's k pairs
-// 2t and 2t + 8) and .z/.w its second, so every load is a whole 16-byte piece.
+// 2t and 2t + 8) and .z/.w its second, so every load is a whole 16-byte piece. e4m3 (m16n8k32)
+// is the same with 16 elements a piece and k quads 4t and 4t + 16 a word.
 // Volatile: kept in program order, so the first weights are in flight before pdl_wait.
 __device__ inline uint4 load_streaming(const void* p) {
   uint4 v;
@@ -113,13 +117,24 @@ constexpr int chunks_per_step(int S, int MT, SkinnyPrologue P) {
   return fit < 1 ? 1 : fit > kWeightLoads / (2 * S) ? kWeightLoads / (2 * S) : fit;
 }
 
+// d += a·b on T's tensor-core tile: m16n8k16 for bf16/fp16, m16n8k32 for e4m3. Both take a
+// lane's 16-byte pieces the same way, 8 or 16 elements of k a piece.
+template <class T>
+__device__ inline void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, e4m3>) mma_16832_e4m3(d, a, b0, b1);
+  else mma_16816<T>(d, a, b0, b1);
+}
+
 // One block computes S slabs of 16 output channels for all m rows (MT tiles of 8 rows): each
-// warp runs every kWarps-th chunk of K, then the warps' sums meet in shared memory.
+// warp runs every kWarps-th chunk of K, then the warps' sums meet in shared memory. T is the
+// weights' and inputs' type; e4m3 (W8A8, prologue none) scales each sum by its channel's weight
+// scale and its row's input scale.
 template <class T, class Out, SkinnyPrologue P, int S, int MT>
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    skinny_gemm_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w, int m,
-                       int64_t n, int64_t k) {
+    skinny_gemm_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w,
+                       const float* w_scales, const float* row_scales, int m, int64_t n, int64_t k) {
   constexpr int U = chunks_per_step(S, MT, P);
+  constexpr int kChunk = 4 * kPerLoad<T>;  // k of one warp step: each lane loads one piece of its rows
   __shared__ float partial[kWarps][S * 16][MT * 8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S * 16;
@@ -134,7 +149,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const auto load_weights = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;  // k % 8 == 0: a piece is all in or all out
+      const int64_t kk = (c0 + u * kWarps) * kChunk + t * kPerLoad<T>;  // whole pieces: all in or all out
 #pragma unroll
       for (int s = 0; s < S; ++s)
 #pragma unroll
@@ -191,7 +206,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     uint4 norm[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t kk = (c0 + u * kWarps) * kChunk + t * 8;
+      const int64_t kk = (c0 + u * kWarps) * kChunk + t * kPerLoad<T>;
       norm[u] = P == SkinnyPrologue::rmsnorm && kk < k ? *reinterpret_cast<const uint4*>(norm_w + kk) : uint4{};
 #pragma unroll
       for (int j = 0; j < MT; ++j)
@@ -206,8 +221,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int s = 0; s < S; ++s) {
           const uint32_t lo[4] = {a[u][s][0].x, a[u][s][1].x, a[u][s][0].y, a[u][s][1].y};
           const uint32_t hi[4] = {a[u][s][0].z, a[u][s][1].z, a[u][s][0].w, a[u][s][1].w};
-          mma_16816<T>(acc[s][j], lo, b.x, b.y);
-          mma_16816<T>(acc[s][j], hi, b.z, b.w);
+          mma_step<T>(acc[s][j], lo, b.x, b.y);
+          mma_step<T>(acc[s][j], hi, b.z, b.w);
         }
       }
     }
@@ -227,6 +242,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     float sum = 0.f;
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) sum += partial[v][c][r];
+    if constexpr (std::is_same_v<T, e4m3>) sum *= w_scales[n0 + c] * row_scales[r];
     Out* out = y + r * n + n0 + c;
     if constexpr (std::is_same_v<Out, float>)
       *out = accumulate ? *out + sum : sum;
@@ -246,14 +262,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 constexpr int kGemvWarps = 16;
 constexpr int kGemvLoads = 8;
 
-using e4m3 = __nv_fp8_e4m3;
-template <class Wt>
-constexpr int kWeightsPerLoad = 16 / sizeof(Wt);
-
 // The weights of one 16-byte load as floats: 8 of T, or 16 e4m3 (the hardware's e4m3x2 → f16x2
 // conversion, exact, then to float).
 template <class T, class Wt>
-__device__ inline void unpack_weights(float (&f)[kWeightsPerLoad<Wt>], uint4 v) {
+__device__ inline void unpack_weights(float (&f)[kPerLoad<Wt>], uint4 v) {
   if constexpr (std::is_same_v<Wt, T>) {
     unpack8<T>(f, v);
   } else {
@@ -273,7 +285,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 1)
     gemv_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const Wt* w,
                 const float* w_scales, int64_t n, int64_t k) {
   extern __shared__ uint4 inputs[];  // [M][k / 8]: the rows the GEMM multiplies, in T
-  constexpr int kPer = kWeightsPerLoad<Wt>, kInputsPerLoad = kPer / 8;
+  constexpr int kPer = kPerLoad<Wt>, kInputsPerLoad = kPer / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t pieces = k / kPer, input_pieces = k / 8, step = static_cast<int64_t>(gridDim.x) * kGemvWarps;
   constexpr int64_t kBatch = 32 * kGemvLoads;  // pieces of a row one batch covers
@@ -409,8 +421,8 @@ void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWei
   const auto run = [&]<int S, int MT>() {
     launch_overlapped(skinny_gemm_kernel<T, Out, P, S, MT>, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))),
                       dim3(kWarps * 32), 0, stream, static_cast<Out*>(y), accumulate, in.x,
-                      static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w.w), static_cast<int>(m), n,
-                      k);
+                      static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w.w), w.scales, in.row_scales,
+                      static_cast<int>(m), n, k);
   };
   const auto with_slabs = [&]<int MT>() {
     if (s == 4) run.template operator()<4, MT>();
@@ -430,44 +442,55 @@ void launch(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-}  // namespace
-
 int64_t weights_per_load(core::DType w_dtype) { return w_dtype == core::DType::f8e4m3 ? 16 : 8; }
+
+}  // namespace
 
 bool skinny_gemv_fits(int64_t m, int64_t k, core::DType w_dtype) {
   return m >= 1 && m <= kGemvMaxRows && k > 0 && k % weights_per_load(w_dtype) == 0 && 2 * m * k <= kGemvMaxInputBytes;
 }
 
 bool skinny_gemm_fits(int64_t m, int64_t k, core::DType w_dtype) {
-  if (w_dtype == core::DType::f8e4m3) return skinny_gemv_fits(m, k, w_dtype);
-  return m >= 1 && m <= kSkinnyMaxRows && k > 0 && k % 8 == 0;
+  return m >= 1 && m <= kSkinnyMaxRows && k > 0 && k % weights_per_load(w_dtype) == 0;
 }
 
 void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w,
                  int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel) {
   using core::DType;
-  const bool fp8 = w.dtype == DType::f8e4m3;
+  const bool fp8 = w.dtype == DType::f8e4m3, w8a8 = in.row_scales != nullptr;
   if (w.dtype != DType::bf16 && w.dtype != DType::f16 && !fp8)
     throw core::Error("skinny_gemm: weights must be bf16, fp16 or e4m3");
   if (fp8 != (w.scales != nullptr))
     throw core::Error("skinny_gemm: e4m3 weights need their per-channel scales, and other weights take none");
+  if (w8a8 && (!fp8 || in.prologue != SkinnyPrologue::none))
+    throw core::Error("skinny_gemm: e4m3 inputs (row scales) go with e4m3 weights and no prologue");
   const std::string sizes = "m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k);
-  if (!skinny_gemm_fits(m, k, w.dtype) || n < 1)
-    throw core::Error(fp8 ? "skinny_gemm: takes e4m3 weights on the GEMV only (1 to " + std::to_string(kGemvMaxRows) +
-                                " rows, k a multiple of 16), not " + sizes
-                          : "skinny_gemm: takes 1 to 16 rows and k a multiple of 8, not " + sizes);
-  const DType act = fp8 ? DType::bf16 : w.dtype;
-  if (y_dtype != DType::f32 && (y_dtype != act || accumulate))
-    throw core::Error("skinny_gemm: writes the activations' dtype or float32 (which it may add to)");
-  if (kernel == SkinnyKernel::gemv && !skinny_gemv_fits(m, k, w.dtype))
+  const bool weight_only = fp8 && !w8a8;  // the GEMV's, bf16 inputs
+  if (!(weight_only ? skinny_gemv_fits(m, k, w.dtype) : skinny_gemm_fits(m, k, w.dtype)) || n < 1)
+    throw core::Error(weight_only ? "skinny_gemm: takes e4m3 weights beside bf16 inputs on the GEMV only (1 to " +
+                                        std::to_string(kGemvMaxRows) + " rows, k a multiple of 16), not " + sizes
+                                  : "skinny_gemm: takes 1 to 16 rows and k a multiple of " +
+                                        std::to_string(weights_per_load(w.dtype)) + ", not " + sizes);
+  const DType narrow = fp8 ? DType::bf16 : w.dtype;
+  if (y_dtype != DType::f32 && (y_dtype != narrow || accumulate))
+    throw core::Error("skinny_gemm: writes " + std::string(core::dtype_name(narrow)) +
+                      " or float32 (which it may add to)");
+  if (kernel == SkinnyKernel::gemv && (w8a8 || !skinny_gemv_fits(m, k, w.dtype)))
     throw core::Error("skinny_gemm: the GEMV kernel takes at most " + std::to_string(kGemvMaxRows) + " rows of " +
-                      std::to_string(kGemvMaxInputBytes / 1024) + " KiB together, not " + sizes);
-  if (kernel == SkinnyKernel::mma && fp8) throw core::Error("skinny_gemm: e4m3 weights run on the GEMV only");
-  const bool gemv = kernel == SkinnyKernel::gemv || (kernel == SkinnyKernel::automatic && skinny_gemv_fits(m, k, w.dtype));
+                      std::to_string(kGemvMaxInputBytes / 1024) + " KiB of bf16 or fp16 inputs together, not " + sizes);
+  if (kernel == SkinnyKernel::mma && weight_only)
+    throw core::Error("skinny_gemm: e4m3 weights beside bf16 inputs run on the GEMV only");
+  const bool gemv = !w8a8 && (kernel == SkinnyKernel::gemv ||
+                              (kernel == SkinnyKernel::automatic && skinny_gemv_fits(m, k, w.dtype)));
   const bool norm = in.prologue == SkinnyPrologue::rmsnorm;
   if (!aligned16(y) || !aligned16(in.x) || !aligned16(w.w) || (norm && !aligned16(in.norm_weight)))
     throw core::Error("skinny_gemm: x, w, y and the norm weight must start on 16-byte boundaries");
-  core::dispatch_activation(act, [&]<class T>() {
+  if (w8a8) {
+    if (y_dtype == DType::f32) launch_mma<e4m3, float, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);
+    else launch_mma<e4m3, __nv_bfloat16, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);
+    return;
+  }
+  core::dispatch_activation(narrow, [&]<class T>() {
     if constexpr (!std::is_same_v<T, float>) {
       core::dispatch_activation(y_dtype, [&]<class Out>() {
         if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, T>) {

@@ -1,8 +1,9 @@
 // A GEMM for decode: few activation rows against a large weight matrix,
 // y[m, n] = x[m, k] · W[n, k]ᵀ (+ y), m ≤ 16, bf16 or fp16 weights and activations, float32
-// accumulation; or, up to kGemvMaxRows rows, e4m3 weights with one float scale per output
-// channel beside bf16 activations (weight-only fp8: half the bytes of a decode step's stream, and
-// the activations are not quantized). Decode reads each weight once per step, so the kernel streams W at memory speed
+// accumulation. e4m3 weights (one float scale per output channel) go two ways: beside bf16
+// activations on the GEMV, up to kGemvMaxRows rows (weight-only fp8: half the bytes of a decode
+// step's stream, the activations not quantized); beside e4m3 activations with per-row scales
+// (W8A8) on the tensor-core kernel (m16n8k32), up to 16 rows. Decode reads each weight once per step, so the kernel streams W at memory speed
 // (16-byte loads, many in flight) and puts W's rows on the tensor cores' 16-row side: 16 rows
 // cost the weight traffic of one. A prologue can build the activation on the fly, removing the
 // small kernel that would have written it:
@@ -28,6 +29,9 @@ struct SkinnyInput {
   SkinnyPrologue prologue = SkinnyPrologue::none;
   const void* norm_weight = nullptr;  // rmsnorm: [k] in the weights' dtype
   float eps = 0;                      // rmsnorm
+  // W8A8: x is e4m3 [m, k] (no prologue) with these m scales, beside e4m3 weights; each output
+  // is scale_row · scale_channel · Σ x·w, as cuBLASLt's outer-vector scaling computes it.
+  const float* row_scales = nullptr;
 };
 
 // The weights W [n, k]: bf16 or fp16, or e4m3 with `scales` [n] (y = scale · x·Wᵀ per channel).
@@ -49,7 +53,8 @@ enum class SkinnyKernel { automatic, gemv, mma };
 constexpr int64_t kGemvMaxRows = 2;
 
 // Whether skinny_gemm takes these sizes for weights of w_dtype: 1 ≤ m ≤ 16 and rows of whole
-// 16-byte pieces (k % 8 == 0); e4m3 weights only where the GEMV takes them, k % 16 == 0.
+// 16-byte pieces (k % 8 == 0; e4m3: k % 16 == 0). e4m3 weights beside bf16 inputs need
+// skinny_gemv_fits as well.
 bool skinny_gemm_fits(int64_t m, int64_t k, core::DType w_dtype = core::DType::bf16);
 
 // Whether the GEMV kernel takes them: m ≤ kGemvMaxRows, whole 16-byte weight pieces, and the
@@ -57,10 +62,10 @@ bool skinny_gemm_fits(int64_t m, int64_t k, core::DType w_dtype = core::DType::b
 constexpr int64_t kGemvMaxInputBytes = 160 * 1024;
 bool skinny_gemv_fits(int64_t m, int64_t k, core::DType w_dtype = core::DType::bf16);
 
-// y [m, n] in y_dtype: the activations' dtype (written) or float32 (written, or added to with
-// `accumulate`: the residual stream). The activations are in the weights' dtype, bf16 beside e4m3
-// weights; x, w, norm_weight and y start on 16-byte boundaries. Throws core::Error for sizes
-// skinny_gemm_fits refuses.
+// y [m, n] in y_dtype: the weights' dtype, bf16 beside e4m3 weights (written), or float32
+// (written, or added to with `accumulate`: the residual stream). The activations are in the
+// weights' dtype, or bf16 or e4m3 (row_scales) beside e4m3 weights; x, w, norm_weight and y start
+// on 16-byte boundaries. Throws core::Error for sizes skinny_gemm_fits refuses.
 void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w,
                  int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel = SkinnyKernel::automatic);
 

@@ -188,7 +188,9 @@ struct CudaEngine::Impl {
   // residual). fp8: x is quantized first (scales per token or per tensor), the GEMM scales each
   // output by its row's and its channel's scale and writes bf16 (or, into a float y, straight
   // there where cuBLASLt takes that: fp8_into_float), else a second kernel adds the bf16 product.
-  void linear(const Linear& L, const bf16* x, void* y, DType y_type, int64_t m, float beta) {
+  // `w8a8`: the fp8 GEMM is skinny_gemm's tensor-core kernel (skinny_pass w8a8), which writes or
+  // adds to either.
+  void linear(const Linear& L, const bf16* x, void* y, DType y_type, int64_t m, float beta, bool w8a8 = false) {
     const blas::MatmulShape shape{m, L.n, L.k, false, true};
     if (L.dtype == kAct) {
       blas->matmul(shape, {kAct, kAct, y_type}, x, weights.get() + L.w, y, *stream, 1.f, beta);
@@ -200,6 +202,11 @@ struct CudaEngine::Impl {
     const auto granularity = opt.fp8_activations == Fp8ActivationScale::tensor ? kernels::Fp8Granularity::tensor
                                                                                : kernels::Fp8Granularity::row;
     kernels::fp8_quantize(act_q.get(), act_scales.get(), x, kAct, m, L.k, granularity, row_amax.get(), *stream);
+    if (w8a8) {
+      const kernels::SkinnyInput in{act_q.get(), kernels::SkinnyPrologue::none, nullptr, 0.f, act_scales.get()};
+      kernels::skinny_gemm(y, y_type, beta != 0.f, in, skinny_weights(L), m, L.n, L.k, *stream);
+      return;
+    }
     if (to_float && fp8_into_float) {
       blas->matmul(shape, {DType::f8e4m3, DType::f8e4m3, DType::f32}, act_q.get(), weights.get() + L.w, y, *stream,
                    1.f, beta, fp8_scales(L));
@@ -214,16 +221,23 @@ struct CudaEngine::Impl {
   }
 
   // Whether a pass of n rows, `prefills` of them prefill chunks, runs `which` layers on
-  // skinny_gemm (o_proj: o_proj at least).
+  // skinny_gemm (o_proj: o_proj at least; w8a8: the fp8 layers on its W8A8 kernel).
   bool skinny_pass(int64_t n, int64_t prefills, DecodeSkinny which = DecodeSkinny::all) const {
-    return skinny_decode >= which && prefills == 0 && n <= kernels::kSkinnyMaxRows;
+    const bool layers = which == DecodeSkinny::w8a8 || skinny_decode == DecodeSkinny::w8a8
+                            ? skinny_decode == which
+                            : skinny_decode >= which;
+    return layers && prefills == 0 && n <= kernels::kSkinnyMaxRows;
+  }
+
+  kernels::SkinnyWeights skinny_weights(const Linear& L) const {
+    const float* scales = L.dtype == DType::f8e4m3 ? reinterpret_cast<const float*>(weights.get() + L.scales) : nullptr;
+    return {weights.get() + L.w, L.dtype, scales};
   }
 
   // y = input·Wᵀ (+ y with beta 1, into float) by skinny_gemm, the input through its prologue.
-  // fp8 layers run weight-only there: the bf16 input is not quantized.
+  // fp8 layers run weight-only there (the GEMV): the bf16 input is not quantized.
   void skinny_linear(const Linear& L, const kernels::SkinnyInput& in, void* y, DType y_type, int64_t m, float beta) {
-    const float* scales = L.dtype == DType::f8e4m3 ? reinterpret_cast<const float*>(weights.get() + L.scales) : nullptr;
-    kernels::skinny_gemm(y, y_type, beta != 0.f, in, {weights.get() + L.w, L.dtype, scales}, m, L.n, L.k, *stream);
+    kernels::skinny_gemm(y, y_type, beta != 0.f, in, skinny_weights(L), m, L.n, L.k, *stream);
   }
 
   static Linear plan_linear(Arena& arena, int64_t n, int64_t k, DType dtype) {
@@ -501,6 +515,7 @@ struct CudaEngine::Impl {
     const int64_t h = c.hidden_size, inter = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
     const bool skinny = skinny_pass(n, prefills);  // the norms and the SwiGLU gate go into the GEMMs
+    const bool w8a8 = skinny_pass(n, prefills, DecodeSkinny::w8a8);
     const auto normed = [&](size_t norm) {
       return kernels::SkinnyInput{x.get(), kernels::SkinnyPrologue::rmsnorm, w(norm), eps};
     };
@@ -511,7 +526,7 @@ struct CudaEngine::Impl {
         skinny_linear(L.qkv, normed(L.attn_norm), qkv.get(), kAct, n, 0.f);
       } else {
         kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.attn_norm), n, h, eps, *stream);
-        linear(L.qkv, xn.get(), qkv.get(), kAct, n, 0.f);
+        linear(L.qkv, xn.get(), qkv.get(), kAct, n, 0.f, w8a8);
       }
       if (c.qkv_bias) kernels::bias_add(qkv.get(), w(L.qkv_bias), n, qkv_width, kAct, *stream);
       bf16* q = qkv.get();
@@ -535,7 +550,7 @@ struct CudaEngine::Impl {
       if (skinny_pass(n, prefills, DecodeSkinny::o_proj))  // x += attn · Woᵀ
         skinny_linear(L.o, {attn.get()}, x.get(), DType::f32, n, residual_beta());
       else
-        linear(L.o, attn.get(), x.get(), DType::f32, n, residual_beta());
+        linear(L.o, attn.get(), x.get(), DType::f32, n, residual_beta(), w8a8);
       if (c.o_bias && part.shard.rank == 0) kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
       all_reduce_residual(n);
       if (skinny) {  // x += mlp
@@ -544,9 +559,9 @@ struct CudaEngine::Impl {
                       residual_beta());
       } else {
         kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
-        linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, 0.f);
+        linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, 0.f, w8a8);
         kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
-        linear(L.down, act.get(), x.get(), DType::f32, n, residual_beta());  // x += mlp
+        linear(L.down, act.get(), x.get(), DType::f32, n, residual_beta(), w8a8);  // x += mlp
       }
       all_reduce_residual(n);
     }
@@ -807,8 +822,10 @@ DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig&
            fits(options.max_batch, model.intermediate_size, w);
   };
   if (options.shard.world != 1 || !takes(kernels::skinny_gemm_fits)) return DecodeSkinny::none;
-  if (const std::optional<bool> all = env ? env : options.skinny_gemm)
-    return *all ? DecodeSkinny::all : DecodeSkinny::none;
+  const std::optional<bool> all = env ? env : options.skinny_gemm;
+  if (all == false) return DecodeSkinny::none;
+  if (w == DType::f8e4m3) return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::w8a8;
+  if (all) return DecodeSkinny::all;
   return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::o_proj;
 }
 
@@ -817,6 +834,7 @@ const char* to_string(DecodeSkinny which) {
     case DecodeSkinny::none: return "cublaslt";
     case DecodeSkinny::o_proj: return "cublaslt+skinny_o_proj";
     case DecodeSkinny::all: return "skinny";
+    case DecodeSkinny::w8a8: return "cublaslt+skinny_w8a8";
   }
   return "?";
 }

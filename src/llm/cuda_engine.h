@@ -43,8 +43,9 @@ struct EngineOptions {
   // a step on cuBLASLt (session 9); above that, up to 16 rows, o_proj alone on its tensor-core
   // kernel: 3.6-4.4 % off a batch-8 step, 0.5-1.9 % at 16 (session 10), while every layer on it
   // lost to cuBLASLt there (batch 8 / 16: 5.26 / 7.22 against 4.74 / 5.01 ms, session 9).
-  // true / false: every layer up to 16 rows / none. fp8 weights run there on the GEMV alone,
-  // weight-only (the bf16 activations are not quantized), so only with max_batch ≤ kGemvMaxRows.
+  // true / false: every layer up to 16 rows / none. fp8 weights run on the GEMV weight-only (the
+  // bf16 activations not quantized) where it takes max_batch rows, else on the W8A8 tensor-core
+  // kernel (DecodeSkinny::w8a8), by default and with true.
   // GPULAB_SKINNY_GEMM=1 or 0 overrides this.
   std::optional<bool> skinny_gemm;
   // Prompt chunks of one step share forward passes (up to max_step_tokens rows and max_batch
@@ -80,12 +81,15 @@ struct EngineOptions {
 bool residual_wants_symmetric_memory(const EngineOptions& options);
 
 // Which linear layers of an engine's decode passes run on kernels::skinny_gemm rather than
-// cuBLASLt (EngineOptions::skinny_gemm, GPULAB_SKINNY_GEMM): only with a single GPU, bf16
-// weights, max_batch ≤ 16 and rows of whole 16-byte pieces. Ordered: each takes in the
-// layers of the one before.
-enum class DecodeSkinny { none, o_proj, all };
+// cuBLASLt (EngineOptions::skinny_gemm, GPULAB_SKINNY_GEMM): only with a single GPU,
+// max_batch ≤ 16 and rows of whole 16-byte pieces. none, o_proj and all are ordered: each takes
+// in the layers of the one before. fp8 weights take all (the GEMV, weight-only) where the GEMV
+// takes max_batch rows, and above that w8a8: the four linear layers on skinny_gemm's e4m3
+// tensor-core kernel, their inputs quantized as for cuBLASLt, everything else as with none.
+enum class DecodeSkinny { none, o_proj, all, w8a8 };
 DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig& model);
-const char* to_string(DecodeSkinny which);  // "cublaslt", "cublaslt+skinny_o_proj", "skinny"
+// "cublaslt", "cublaslt+skinny_o_proj", "skinny", "cublaslt+skinny_w8a8"
+const char* to_string(DecodeSkinny which);
 
 class CudaEngine final : public Engine {
  public:

@@ -31,24 +31,26 @@ std::string label(SkinnyPrologue p) {
 }
 std::string label(Output o) { return o == Output::narrow ? "narrow" : o == Output::f32 ? "f32" : "f32+="; }
 
-// The kernels that take m rows of width k: the GEMV and the tensor-core kernel where they do.
-std::vector<SkinnyKernel> kernels_for(int64_t m, int64_t k, DType w_dt = DType::bf16) {
+// The kernels that take m rows of width k (input dtype in_dt): the GEMV and the tensor-core
+// kernel where they do. e4m3 weights: the GEMV beside bf16 inputs, the tensor cores beside e4m3.
+std::vector<SkinnyKernel> kernels_for(int64_t m, int64_t k, DType w_dt = DType::bf16, DType in_dt = DType::bf16) {
   std::vector<SkinnyKernel> all;
-  if (skinny_gemv_fits(m, k, w_dt)) all.push_back(SkinnyKernel::gemv);
-  if (w_dt != DType::f8e4m3) all.push_back(SkinnyKernel::mma);
+  if (in_dt != DType::f8e4m3 && skinny_gemv_fits(m, k, w_dt)) all.push_back(SkinnyKernel::gemv);
+  if (w_dt != DType::f8e4m3 || in_dt == DType::f8e4m3) all.push_back(SkinnyKernel::mma);
   return all;
 }
 
 // Inputs for kRows rows; each row count m uses the first m (rows are independent). The weights
-// are in the activations' dtype dt, or e4m3 (w_dt) with a scale per output channel.
+// are in the activations' dtype dt, or e4m3 (w_dt) with a scale per output channel; e4m3
+// activations (W8A8) have a scale per row.
 struct Case {
   DType dt, w_dt;
   SkinnyPrologue prologue;
   int64_t n, k;
-  std::unique_ptr<DeviceTensor> x, norm, w, scales;
+  std::unique_ptr<DeviceTensor> x, norm, w, scales, row_scales;
   std::vector<float> input;       // the GEMM's input after the prologue, rounded to dt [kRows, k]
-  std::vector<double> dot, bound;  // x·Wᵀ and |x|·|W|ᵀ [kRows, n], scaled per channel
-  std::vector<double> largest_term;  // per row: max |input| · max |W · scale|
+  std::vector<double> dot, bound;  // x·Wᵀ and |x|·|W|ᵀ [kRows, n], scaled per channel and row
+  std::vector<double> largest_term;  // per row: max |input · row scale| · max |W · scale|
 
   // integers: integer inputs and weights, and power-of-two scales, so every sum is exact.
   Case(DType dt_, SkinnyPrologue p, int64_t n_, int64_t k_, std::mt19937& rng, bool integers = false,
@@ -61,11 +63,20 @@ struct Case {
       return v;
     };
     w = std::make_unique<DeviceTensor>(draw(n * k, -2, 2), w_dt);
-    std::vector<float> scale(n, 1.f);
+    const auto draw_scales = [&](int64_t count) {
+      std::vector<float> v(count);
+      for (float& s : v) s = integers ? std::ldexp(1.f, std::uniform_int_distribution<int>(-2, 2)(rng))
+                                      : std::uniform_real_distribution<float>(0.25f, 2.f)(rng);
+      return v;
+    };
+    std::vector<float> scale(n, 1.f), row_scale(kRows, 1.f);
     if (w_dt == DType::f8e4m3) {
-      for (float& s : scale) s = integers ? std::ldexp(1.f, std::uniform_int_distribution<int>(-2, 2)(rng))
-                                          : std::uniform_real_distribution<float>(0.25f, 2.f)(rng);
+      scale = draw_scales(n);
       scales = std::make_unique<DeviceTensor>(scale, DType::f32);
+    }
+    if (dt == DType::f8e4m3) {
+      row_scale = draw_scales(kRows);
+      row_scales = std::make_unique<DeviceTensor>(row_scale, DType::f32);
     }
     input.resize(kRows * k);
     if (p == SkinnyPrologue::none) {
@@ -86,7 +97,7 @@ struct Case {
     for (int64_t r = 0; r < kRows; ++r) {
       float row_max = 0;
       for (int64_t i = 0; i < k; ++i) row_max = std::max(row_max, std::abs(input[r * k + i]));
-      largest_term.push_back(static_cast<double>(row_max) * w_max);
+      largest_term.push_back(static_cast<double>(row_max) * row_scale[r] * w_max);
     }
     dot.assign(kRows * n, 0.0);
     bound.assign(kRows * n, 0.0);
@@ -97,15 +108,16 @@ struct Case {
     skinny_gemm_ref(bound.data(), abs_in.data(), abs_w.data(), kRows, n, k);
     for (int64_t r = 0; r < kRows; ++r)
       for (int64_t c = 0; c < n; ++c) {
-        dot[r * n + c] *= scale[c];
-        bound[r * n + c] *= scale[c];
+        dot[r * n + c] *= static_cast<double>(scale[c]) * row_scale[r];
+        bound[r * n + c] *= static_cast<double>(scale[c]) * row_scale[r];
       }
   }
 
   static constexpr float kEps = 1e-5f;
 
   SkinnyInput in() const {
-    return {x->device.get(), prologue, norm ? norm->device.get() : nullptr, kEps};
+    return {x->device.get(), prologue, norm ? norm->device.get() : nullptr, kEps,
+            row_scales ? reinterpret_cast<const float*>(row_scales->device.get()) : nullptr};
   }
   SkinnyWeights weights() const {
     return {w->device.get(), w_dt, scales ? reinterpret_cast<const float*>(scales->device.get()) : nullptr};
@@ -114,8 +126,9 @@ struct Case {
   // Runs rows 0..m-1 into a poisoned [kRows + 1, n] output (with accumulation, rows < m hold y0)
   // and checks every element: rows < m within tolerance (or exactly: `exact`), the rest untouched.
   void check(int64_t m, Output mode, std::mt19937& rng, SkinnyKernel kernel, bool exact = false) {
-    const DType out_dt = mode == Output::narrow ? dt : DType::f32;
-    const std::string what = dtype_label(w_dt) + " " + label(prologue) + " -> " + label(mode) + " m " +
+    const DType narrow = w_dt == DType::f8e4m3 ? DType::bf16 : dt;
+    const DType out_dt = mode == Output::narrow ? narrow : DType::f32;
+    const std::string what = dtype_label(w_dt) + "·" + dtype_label(dt) + " " + label(prologue) + " -> " + label(mode) + " m " +
                              std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
                              (kernel == SkinnyKernel::gemv ? " gemv" : " mma");
     const int64_t total = (kRows + 1) * n;
@@ -130,7 +143,7 @@ struct Case {
     // float32 accumulation in any order: far below 1e-5 of Σ|x·w| (k ≤ 11008), the scale's
     // product included; one rounding of the result to a narrow dtype; a prologue input rounded the other way than on the host
     // (inverse RMS or exp one float ulp apart) moves one term by a unit roundoff of itself.
-    const double rel = mode == Output::narrow ? unit_roundoff(dt) : 0.0;
+    const double rel = mode == Output::narrow ? unit_roundoff(narrow) : 0.0;
     const double flip = prologue == SkinnyPrologue::none ? 0.0 : unit_roundoff(dt);
     int bad = 0;
     for (int64_t r = 0; r <= kRows; ++r)
@@ -194,16 +207,19 @@ TEST(SkinnyGemmGpu, SevenBDecodeShapesEveryRowCount) {
 }
 
 // Integer inputs make every product and partial sum exact in float32: a fragment or k-order
-// mistake cannot hide inside a tolerance. e4m3 weights too, with power-of-two scales.
+// mistake cannot hide inside a tolerance. e4m3 weights and inputs too, with power-of-two scales.
 TEST(SkinnyGemmGpu, IntegerInputsGiveExactSums) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(43);
-  for (DType w_dt : {DType::bf16, DType::f8e4m3})
+  const std::pair<DType, DType> types[] = {{DType::bf16, DType::bf16},     // inputs, weights
+                                           {DType::bf16, DType::f8e4m3},    // weight-only fp8
+                                           {DType::f8e4m3, DType::f8e4m3}};  // W8A8
+  for (auto [in_dt, w_dt] : types)
     for (auto [n, k_bf16] : {std::pair<int64_t, int64_t>{4096, 11008}, {131, 264}, {17000, 200}}) {
       const int64_t k = w_dt == DType::f8e4m3 ? (k_bf16 + 15) / 16 * 16 : k_bf16;  // whole 16-weight loads
-      Case c(DType::bf16, SkinnyPrologue::none, n, k, rng, true, w_dt);
+      Case c(in_dt, SkinnyPrologue::none, n, k, rng, true, w_dt);
       for (int64_t m = 1; m <= kRows; ++m)
-        for (SkinnyKernel kernel : kernels_for(m, k, w_dt)) c.check(m, Output::f32, rng, kernel, true);
+        for (SkinnyKernel kernel : kernels_for(m, k, w_dt, in_dt)) c.check(m, Output::f32, rng, kernel, true);
     }
 }
 
@@ -225,6 +241,21 @@ TEST(SkinnyGemmGpu, Fp8WeightsOnTheGemv) {
   for (int64_t m = 1; m <= kGemvMaxRows; ++m) {
     qkv.check(m, Output::narrow, rng, SkinnyKernel::automatic);
     down.check(m, Output::f32_accumulate, rng, SkinnyKernel::automatic);
+  }
+}
+
+// W8A8: e4m3 inputs with per-row scales beside e4m3 weights with per-channel scales, on the
+// tensor-core kernel (m16n8k32), every row count 1..16 and output mode, on odd shapes (one
+// 16-byte piece, k past whole 64-wide chunks, partial slabs) and the 7B qkv and down shapes.
+TEST(SkinnyGemmGpu, Fp8W8A8OnTheTensorCores) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(46);
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 16}, {37, 80}, {1000, 1040}, {9000, 4112}, {12288, 4096},
+                                                {4096, 11008}};
+  for (auto [n, k] : shapes) {
+    Case c(DType::f8e4m3, SkinnyPrologue::none, n, k, rng, false, DType::f8e4m3);
+    for (Output mode : kOutputs)
+      for (int64_t m = 1; m <= kRows; ++m) c.check(m, mode, rng, SkinnyKernel::automatic);
   }
 }
 
@@ -293,13 +324,24 @@ TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   EXPECT_FALSE(skinny_gemv_fits(kGemvMaxRows + 1, 64));
   EXPECT_FALSE(skinny_gemv_fits(1, 1 << 20));  // its input rows would not fit in shared memory
   refused(buf.get(), DType::f32, false, bf16, kGemvMaxRows + 1, 64, SkinnyKernel::gemv);
-  // e4m3 weights: the GEMV's rows only, whole 16-weight loads, their scales and nothing else.
-  EXPECT_TRUE(skinny_gemm_fits(kGemvMaxRows, 11008, DType::f8e4m3));
-  EXPECT_FALSE(skinny_gemm_fits(kGemvMaxRows + 1, 64, DType::f8e4m3));
+  // e4m3 weights beside bf16 inputs: the GEMV's rows only, whole 16-weight loads, their scales.
+  EXPECT_TRUE(skinny_gemv_fits(kGemvMaxRows, 11008, DType::f8e4m3));
+  EXPECT_FALSE(skinny_gemv_fits(kGemvMaxRows + 1, 64, DType::f8e4m3));
   EXPECT_FALSE(skinny_gemm_fits(1, 72, DType::f8e4m3));
-  refused(buf.get(), DType::f32, false, fp8, kGemvMaxRows + 1, 64);
+  refused(buf.get(), DType::f32, false, fp8, kGemvMaxRows + 1, 64);  // bf16 inputs: the GEMV's rows
   refused(buf.get(), DType::f32, false, fp8, 1, 72);
   refused(buf.get(), DType::f32, false, fp8, 1, 64, SkinnyKernel::mma);
+  // W8A8 (e4m3 inputs with row scales): the tensor-core kernel's rows, e4m3 weights, no prologue.
+  const float* row_scales = fp8.scales;
+  const auto w8a8_refused = [&](const SkinnyInput& x, const SkinnyWeights& w, int64_t m, SkinnyKernel kernel) {
+    EXPECT_THROW(skinny_gemm(buf.get(), DType::f32, false, x, w, m, 8, 64, nullptr, kernel), core::Error) << m;
+  };
+  const SkinnyInput quantized{buf.get(), SkinnyPrologue::none, nullptr, 0.f, row_scales};
+  EXPECT_TRUE(skinny_gemm_fits(kRows, 64, DType::f8e4m3));
+  w8a8_refused(quantized, fp8, kRows + 1, SkinnyKernel::automatic);
+  w8a8_refused(quantized, fp8, 1, SkinnyKernel::gemv);
+  w8a8_refused(quantized, bf16, 1, SkinnyKernel::automatic);
+  w8a8_refused({buf.get(), SkinnyPrologue::rmsnorm, buf.get(), 1e-5f, row_scales}, fp8, 1, SkinnyKernel::automatic);
   refused(buf.get(), DType::f32, false, {buf.get(), DType::f8e4m3}, 1, 64);  // no scales
   refused(buf.get(), DType::f32, false, {buf.get(), DType::bf16, fp8.scales}, 1, 64);
   refused(buf.get(), DType::f8e4m3, false, fp8, 1, 64);  // writes bf16 or float32
