@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <span>
 #include <cstring>
 
 #include "common/gpu.h"
@@ -207,20 +208,25 @@ TEST(SkinnyGemmGpu, SevenBDecodeShapesEveryRowCount) {
 }
 
 // Integer inputs make every product and partial sum exact in float32: a fragment or k-order
-// mistake cannot hide inside a tolerance. e4m3 weights and inputs too, with power-of-two scales.
-TEST(SkinnyGemmGpu, IntegerInputsGiveExactSums) {
-  GPULAB_REQUIRE_GPU();
-  std::mt19937 rng(43);
-  const std::pair<DType, DType> types[] = {{DType::bf16, DType::bf16},     // inputs, weights
-                                           {DType::bf16, DType::f8e4m3},    // weight-only fp8
-                                           {DType::f8e4m3, DType::f8e4m3}};  // W8A8
-  for (auto [in_dt, w_dt] : types)
+// mistake cannot hide inside a tolerance. With `w8a8`, e4m3 weights and inputs (the tensor-core
+// kernel); else bf16 inputs beside bf16 and e4m3 weights. e4m3 scales are powers of two.
+void expect_exact_sums(std::mt19937& rng, bool w8a8) {
+  const std::pair<DType, DType> bf16_inputs[] = {{DType::bf16, DType::bf16}, {DType::bf16, DType::f8e4m3}};
+  const std::pair<DType, DType> fp8_inputs[] = {{DType::f8e4m3, DType::f8e4m3}};
+  using Types = std::span<const std::pair<DType, DType>>;
+  for (auto [in_dt, w_dt] : w8a8 ? Types(fp8_inputs) : Types(bf16_inputs))
     for (auto [n, k_bf16] : {std::pair<int64_t, int64_t>{4096, 11008}, {131, 264}, {17000, 200}}) {
       const int64_t k = w_dt == DType::f8e4m3 ? (k_bf16 + 15) / 16 * 16 : k_bf16;  // whole 16-weight loads
       Case c(in_dt, SkinnyPrologue::none, n, k, rng, true, w_dt);
       for (int64_t m = 1; m <= kRows; ++m)
         for (SkinnyKernel kernel : kernels_for(m, k, w_dt, in_dt)) c.check(m, Output::f32, rng, kernel, true);
     }
+}
+
+TEST(SkinnyGemmGpu, IntegerInputsGiveExactSums) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(43);
+  expect_exact_sums(rng, false);
 }
 
 // e4m3 weights with per-channel scales, on the GEMV (1 and 2 rows): every output mode and
@@ -246,10 +252,12 @@ TEST(SkinnyGemmGpu, Fp8WeightsOnTheGemv) {
 
 // W8A8: e4m3 inputs with per-row scales beside e4m3 weights with per-channel scales, on the
 // tensor-core kernel (m16n8k32), every row count 1..16 and output mode, on odd shapes (one
-// 16-byte piece, k past whole 64-wide chunks, partial slabs) and the 7B qkv and down shapes.
+// 16-byte piece, k past whole 64-wide chunks, partial slabs) and the 7B qkv and down shapes;
+// and exact sums on integer inputs.
 TEST(SkinnyGemmGpu, Fp8W8A8OnTheTensorCores) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(46);
+  expect_exact_sums(rng, true);
   const std::pair<int64_t, int64_t> shapes[] = {{1, 16}, {37, 80}, {1000, 1040}, {9000, 4112}, {12288, 4096},
                                                 {4096, 11008}};
   for (auto [n, k] : shapes) {
