@@ -437,6 +437,7 @@ template <class T, class Wt, class Out, SkinnyPrologue P>
 void launch(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w, int64_t m, int64_t n, int64_t k,
             cudaStream_t stream, bool gemv) {
   if (gemv) return launch_gemv<T, Wt, Out, P>(y, accumulate, in, w, m, n, k, stream);
+  // e4m3 weights beside T inputs never get here: skinny_gemm sends them to the GEMV or refuses.
   if constexpr (std::is_same_v<Wt, T>) launch_mma<T, Out, P>(y, accumulate, in, w, m, n, k, stream);
 }
 

@@ -825,7 +825,7 @@ DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig&
   const std::optional<bool> all = env ? env : options.skinny_gemm;
   if (all == false) return DecodeSkinny::none;
   if (w == DType::f8e4m3) return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::w8a8;
-  if (all) return DecodeSkinny::all;
+  if (all == true) return DecodeSkinny::all;
   return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::o_proj;
 }
 
