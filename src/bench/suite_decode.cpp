@@ -1,6 +1,7 @@
 // gpulab bench decode: the linear layers of one LLaMA-2-7B decode step at 1, 2, 4, 8 and 16 rows,
 // kernels::skinny_gemm (norm / SwiGLU fused in; its GEMV kernel where that takes the rows, on bf16
-// and on e4m3 weights, and its tensor-core kernel) beside cuBLASLt with the kernels the unfused path launches before it.
+// and on e4m3 weights, and its tensor-core kernel) beside cuBLASLt with the kernels the unfused
+// path launches before it.
 // Decode is bound by reading the weights, so each figure is weight bytes per second, against the
 // HBM copy ceiling. Then paged decode attention (one layer,
 // LLaMA-2-7B and the GQA LLaMA-3-8B shape, batch 1 and 16, 256 and 2048 positions): time per
@@ -34,8 +35,8 @@ struct SkinnyPath {
   SkinnyKernel kernel;
   DType weights;
 };
-constexpr SkinnyPath kGemv{"gemv", SkinnyKernel::gemv, DType::bf16}, kGemvFp8{"gemv_fp8", SkinnyKernel::gemv, DType::f8e4m3},
-    kTensorCore{"skinny", SkinnyKernel::mma, DType::bf16};
+constexpr SkinnyPath kGemv{"gemv", SkinnyKernel::gemv, DType::bf16},
+    kGemvFp8{"gemv_fp8", SkinnyKernel::gemv, DType::f8e4m3}, kTensorCore{"skinny", SkinnyKernel::mma, DType::bf16};
 
 struct DecodeGemm {
   const char* name;
@@ -253,8 +254,8 @@ void run_decode_suite(Context& ctx) {
           std::vector<double> gbps;
           for (double ms : time_on_stream(stream, run, plan))
             gbps.push_back(per_second_1e9(static_cast<double>(bytes), ms));
-          Row row = make_row("decode", std::string(path ? path->name : "cublaslt") + "_" + g.name + "_m" + std::to_string(m),
-                             "bandwidth", "GB/s", summarize(gbps), ctx.datasheet().memory_gbps, params);
+          const std::string name = std::string(path ? path->name : "cublaslt") + "_" + g.name + "_m" + std::to_string(m);
+          Row row = make_row("decode", name, "bandwidth", "GB/s", summarize(gbps), ctx.datasheet().memory_gbps, params);
           row.ceiling = ctx.ceiling("hbm_copy");
           ctx.add(row);
         }

@@ -1,6 +1,7 @@
 // The sm_80+ PTX that the tensor-core kernels share (gemm_mma.cu, attention_prefill_mma.cu,
 // skinny_gemm.cu): cp.async copies into shared memory, ldmatrix, m16n8k16 mma (and sm_89's e4m3
-// m16n8k32) with fp32 accumulators, and a one-instruction exp2. Device code only; include from .cu files.
+// m16n8k32) with fp32 accumulators, and a one-instruction exp2. Device code only; include from
+// .cu files.
 #pragma once
 
 #include <cuda_bf16.h>

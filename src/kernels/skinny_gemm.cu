@@ -421,8 +421,8 @@ void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWei
   const auto run = [&]<int S, int MT>() {
     launch_overlapped(skinny_gemm_kernel<T, Out, P, S, MT>, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))),
                       dim3(kWarps * 32), 0, stream, static_cast<Out*>(y), accumulate, in.x,
-                      static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w.w), w.scales, in.row_scales,
-                      static_cast<int>(m), n, k);
+                      static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w.w), w.scales,
+                      in.row_scales, static_cast<int>(m), n, k);
   };
   const auto with_slabs = [&]<int MT>() {
     if (s == 4) run.template operator()<4, MT>();
@@ -443,7 +443,7 @@ void launch(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-int64_t weights_per_load(core::DType w_dtype) { return w_dtype == core::DType::f8e4m3 ? 16 : 8; }
+int64_t weights_per_load(core::DType w_dtype) { return 16 / static_cast<int64_t>(core::dtype_size(w_dtype)); }
 
 }  // namespace
 

@@ -3,8 +3,8 @@
 // accumulation. e4m3 weights (one float scale per output channel) go two ways: beside bf16
 // activations on the GEMV, up to kGemvMaxRows rows (weight-only fp8: half the bytes of a decode
 // step's stream, the activations not quantized); beside e4m3 activations with per-row scales
-// (W8A8) on the tensor-core kernel (m16n8k32), up to 16 rows. Decode reads each weight once per step, so the kernel streams W at memory speed
-// (16-byte loads, many in flight) and puts W's rows on the tensor cores' 16-row side: 16 rows
+// (W8A8) on the tensor-core kernel (m16n8k32), up to 16 rows. Decode reads each weight once per
+// step, so the kernel streams W at memory speed (16-byte loads, many in flight) and puts W's rows on the tensor cores' 16-row side: 16 rows
 // cost the weight traffic of one. A prologue can build the activation on the fly, removing the
 // small kernel that would have written it:
 //   rmsnorm: x is the float32 residual [m, k]; the input is rmsnorm(x) · norm_weight, rounded to

@@ -138,7 +138,7 @@ double decode_bytes_per_step(const LlamaConfig& c, int64_t batch, double kv_toke
     double elements = 1;
     for (int64_t d : w.shape) elements *= static_cast<double>(d);
     // fp8 linear layers: e4m3 weights and a float scale per output channel; lm_head and norms bf16.
-    const bool fp8 = weights == WeightFormat::fp8 && w.name.ends_with("_proj.weight");
+    const bool fp8 = weights == WeightFormat::fp8 && is_linear_weight(w.name);
     weight_bytes += fp8 ? elements + 4.0 * static_cast<double>(w.shape[0]) : 2 * elements;
   }
   const double kv_bytes_per_token = 2.0 * c.num_layers * c.kv_dim() * 2;  // K and V, bf16

@@ -335,6 +335,8 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, core:
   return inv;
 }
 
+bool is_linear_weight(const std::string& name) { return name.ends_with("_proj.weight"); }
+
 std::string layer_weight(int64_t layer, const std::string& suffix) {
   return "model.layers." + std::to_string(layer) + "." + suffix;
 }

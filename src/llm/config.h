@@ -76,5 +76,7 @@ struct WeightSpec {
 };
 std::vector<WeightSpec> weight_specs(const LlamaConfig& cfg);
 std::string layer_weight(int64_t layer, const std::string& suffix);  // model.layers.N.suffix
+// A linear layer's weight (q/k/v/o, gate/up/down): what --weights fp8 holds in e4m3.
+bool is_linear_weight(const std::string& name);
 
 }  // namespace gpulab::llm

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <span>
 #include <cstring>
 
@@ -55,8 +56,8 @@ struct Case {
 
   // integers: integer inputs and weights, and power-of-two scales, so every sum is exact.
   Case(DType dt_, SkinnyPrologue p, int64_t n_, int64_t k_, std::mt19937& rng, bool integers = false,
-       DType w_dt_ = DType::f32)
-      : dt(dt_), w_dt(w_dt_ == DType::f32 ? dt_ : w_dt_), prologue(p), n(n_), k(k_) {
+       std::optional<DType> w_dt_ = std::nullopt)
+      : dt(dt_), w_dt(w_dt_.value_or(dt_)), prologue(p), n(n_), k(k_) {
     auto draw = [&](size_t count, float lo, float hi) {
       std::vector<float> v = uniform(count, rng, lo, hi);
       if (integers)
@@ -129,9 +130,9 @@ struct Case {
   void check(int64_t m, Output mode, std::mt19937& rng, SkinnyKernel kernel, bool exact = false) {
     const DType narrow = w_dt == DType::f8e4m3 ? DType::bf16 : dt;
     const DType out_dt = mode == Output::narrow ? narrow : DType::f32;
-    const std::string what = dtype_label(w_dt) + "·" + dtype_label(dt) + " " + label(prologue) + " -> " + label(mode) + " m " +
-                             std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
-                             (kernel == SkinnyKernel::gemv ? " gemv" : " mma");
+    const std::string what = dtype_label(w_dt) + "·" + dtype_label(dt) + " " + label(prologue) + " -> " +
+                             label(mode) + " m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
+                             std::to_string(k) + (kernel == SkinnyKernel::gemv ? " gemv" : " mma");
     const int64_t total = (kRows + 1) * n;
     auto y = DeviceTensor::poisoned(total, out_dt);
     std::vector<float> y0;
@@ -142,8 +143,9 @@ struct Case {
     skinny_gemm(y.get(), out_dt, mode == Output::f32_accumulate, in(), weights(), m, n, k, nullptr, kernel);
     const std::vector<float> got = y.download();
     // float32 accumulation in any order: far below 1e-5 of Σ|x·w| (k ≤ 11008), the scale's
-    // product included; one rounding of the result to a narrow dtype; a prologue input rounded the other way than on the host
-    // (inverse RMS or exp one float ulp apart) moves one term by a unit roundoff of itself.
+    // product included; one rounding of the result to a narrow dtype; a prologue input rounded
+    // the other way than on the host (inverse RMS or exp one float ulp apart) moves one term by a
+    // unit roundoff of itself.
     const double rel = mode == Output::narrow ? unit_roundoff(narrow) : 0.0;
     const double flip = prologue == SkinnyPrologue::none ? 0.0 : unit_roundoff(dt);
     int bad = 0;

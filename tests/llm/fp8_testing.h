@@ -26,8 +26,6 @@ enum class Fp8ScaleLayout {
   mixed,        // q_proj [] fp32 (per tensor), k_proj [1] fp32, v_proj [rows, 1] bf16, o_proj [rows] fp32, rest [rows, 1]
 };
 
-inline bool is_linear_weight(const std::string& name) { return name.ends_with("_proj.weight"); }
-
 // A folder removed when the object goes.
 class ScratchDir {
  public:

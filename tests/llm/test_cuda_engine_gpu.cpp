@@ -638,6 +638,12 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
 // upstream moves elements across e4m3 steps: the decode rows of the two parted by 3.7-5.1 %
 // relative L2 per fixture case on the H200 (session 15), against 8.4 % between cuBLASLt's and the
 // bf16 engine's. A wrong scale or fragment is off by order 1.
+// The rows of teacher_forced's logits that decode passes gave: from each prompt's first decode row.
+std::vector<float> decode_rows(const std::vector<float>& logits, size_t prompt_tokens, int64_t vocab) {
+  const size_t first = std::max<size_t>(1, prompt_tokens / 2);
+  return std::vector<float>(logits.begin() + static_cast<int64_t>(first) * vocab, logits.end());
+}
+
 TEST(CudaEngine, Fp8DecodeOnSkinnyGemm) {
   GPULAB_REQUIRE_GPU();
   const auto source = tiny();
@@ -647,7 +653,8 @@ TEST(CudaEngine, Fp8DecodeOnSkinnyGemm) {
     return opt;
   };
   const auto which = [&](const EngineOptions& opt) { return decode_skinny_gemm(opt, source.config()); };
-  if (which(fp8(1, std::nullopt)) != DecodeSkinny::all) GTEST_SKIP() << "skinny_gemm is switched off (GPULAB_SKINNY_GEMM=0)";
+  if (which(fp8(1, std::nullopt)) != DecodeSkinny::all)
+    GTEST_SKIP() << "skinny_gemm is switched off (GPULAB_SKINNY_GEMM=0)";
   EXPECT_EQ(which(fp8(kernels::kGemvMaxRows, std::nullopt)), DecodeSkinny::all);
   EXPECT_EQ(which(fp8(kernels::kGemvMaxRows + 1, std::nullopt)), DecodeSkinny::w8a8);
   EXPECT_EQ(which(fp8(kernels::kSkinnyMaxRows, true)), DecodeSkinny::w8a8);
@@ -663,10 +670,7 @@ TEST(CudaEngine, Fp8DecodeOnSkinnyGemm) {
     const auto cublas = teacher_forced(w8a8, prompts), want = teacher_forced(bf16, prompts);
     llm::testing::Fp8Agreement weight_only, both;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const size_t decoded = std::max<size_t>(1, prompts[i].size() / 2);  // the first decode row
-      const auto rows = [&](const std::vector<float>& all) {
-        return std::vector<float>(all.begin() + decoded * V, all.end());
-      };
+      const auto rows = [&](const std::vector<float>& all) { return decode_rows(all, prompts[i].size(), V); };
       weight_only.add(rows(got[i]), rows(want[i]), V);
       both.add(rows(cublas[i]), rows(want[i]), V);
       EXPECT_EQ(got_eager[i], got[i]) << "batch " << batch << " case " << i << ": graph replay differs from eager";
@@ -685,10 +689,7 @@ TEST(CudaEngine, Fp8DecodeOnSkinnyGemm) {
     const auto got = teacher_forced(w8a8, prompts), got_eager = teacher_forced(eager, prompts);
     const auto want = teacher_forced(cublas, prompts);
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const size_t decoded = std::max<size_t>(1, prompts[i].size() / 2);
-      const auto rows = [&](const std::vector<float>& all) {
-        return std::vector<float>(all.begin() + decoded * V, all.end());
-      };
+      const auto rows = [&](const std::vector<float>& all) { return decode_rows(all, prompts[i].size(), V); };
       const Agreement a = compare_logits(rows(got[i]), rows(want[i]), V);
       std::printf("batch %lld case %zu: fp8 W8A8 on skinny_gemm vs cuBLASLt: rel L2 %.2e, top-1 %lld/%lld\n",
                   (long long)batch, i, a.rel_l2, (long long)a.top1_agree, (long long)a.rows);

@@ -27,7 +27,7 @@ TEST(Fp8Checkpoint, PerTensorAndPerChannelScalesLoadAndDequantizeExactly) {
   const core::Checkpoint original(testing::fixture_dir("llama_tiny"));
   for (const core::Checkpoint::Entry& e : original.tensors()) {
     const std::string& name = e.info->name;
-    if (!testing::is_linear_weight(name)) {
+    if (!is_linear_weight(name)) {
       EXPECT_FALSE(fp8.is_fp8(name)) << name;
       EXPECT_EQ(fp8.load_f32(name), bf16.load_f32(name)) << name;
       continue;
