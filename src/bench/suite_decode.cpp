@@ -6,8 +6,12 @@
 // HBM copy ceiling. Then paged decode attention (one layer,
 // LLaMA-2-7B and the GQA LLaMA-3-8B shape, batch 1 and 16, 256 and 2048 positions): time per
 // call, and K+V bytes read per second.
+#include <cuda_profiler_api.h>
+#include <nvtx3/nvToolsExt.h>
+
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "bench/suite.h"
@@ -185,8 +189,9 @@ void run_decode_suite(Context& ctx) {
   for (const DecodeGemm& g : kGemms) {
     const int64_t n = g.n, k = g.k, in_width = g.prologue == SkinnyPrologue::swiglu ? 2 * k : k;
     const size_t weight_bytes = n * k * 2;
-    // Enough weight copies, used in turn, that each call reads its weights from HBM.
-    const int64_t copies = std::max<int64_t>(2, (2 * ctx.device().l2_bytes + weight_bytes - 1) / weight_bytes);
+    // Enough weight copies, used in turn, that each call reads its weights from HBM, also where
+    // it reads them as e4m3 (the first half of each copy).
+    const int64_t copies = std::max<int64_t>(2, (4 * ctx.device().l2_bytes + weight_bytes - 1) / weight_bytes);
     core::DeviceBuffer<uint16_t> w(copies * n * k), norm(k), act_in(rows * in_width), xn(rows * k), y_bf16(rows * n);
     core::DeviceBuffer<float> residual(rows * k), y_f32(rows * n), y_check(rows * n);
     for (auto* b : {&w, &norm, &act_in})
@@ -195,6 +200,10 @@ void run_decode_suite(Context& ctx) {
     // products are the bf16 ones.
     const auto fp8_scales = upload(std::vector<float>(n, core::bf16_bits_to_float(0x3C3C) / 1.5f));
     GPULAB_CHECK(cudaMemsetAsync(residual.get(), 0x3F, residual.bytes(), stream));  // float ≈ 0.75
+    // W8A8: the activation already in e4m3 (0x3C, 1.5) with a scale per row.
+    core::DeviceBuffer<uint8_t> act_fp8(rows * k);
+    GPULAB_CHECK(cudaMemsetAsync(act_fp8.get(), 0x3C, act_fp8.bytes(), stream));
+    const auto row_scales = upload(std::vector<float>(rows, 0.5f));
     const DType out_dt = g.into_residual ? DType::f32 : DType::bf16;
     void* y = g.into_residual ? static_cast<void*>(y_f32.get()) : y_bf16.get();
     const void* x = g.prologue == SkinnyPrologue::rmsnorm ? static_cast<const void*>(residual.get()) : act_in.get();
@@ -218,43 +227,84 @@ void run_decode_suite(Context& ctx) {
       blas.matmul({m, n, k, false, true}, {DType::bf16, DType::bf16, out_dt}, a, weights(), out, stream, 1.f,
                   g.into_residual ? 1.f : 0.f);
     };
+    // W8A8 as the engine's fp8 decode runs it at 3-16 rows (its quantize kernel not timed):
+    // skinny_gemm's tensor-core kernel, or cuBLASLt's fp8 GEMM with the same outer-vector scales
+    // writing bf16 (it cannot add into float32; the engine adds its product in another kernel).
+    const auto w8a8 = [&](int64_t m, bool skinny, void* out) {
+      if (skinny) {
+        const kernels::SkinnyInput q{act_fp8.get(), SkinnyPrologue::none, nullptr, 0.f, row_scales.get()};
+        const bool into_y = out == y;
+        kernels::skinny_gemm(out, into_y ? out_dt : DType::bf16, into_y && g.into_residual, q,
+                             {weights(), DType::f8e4m3, fp8_scales.get()}, m, n, k, stream);
+      } else {
+        blas.matmul({m, n, k, false, true}, {DType::f8e4m3, DType::f8e4m3, DType::bf16}, act_fp8.get(), weights(),
+                    out, stream, 1.f, 0.f, {row_scales.get(), fp8_scales.get(), true});
+      }
+    };
     const std::string label = std::string("decode ") + g.name;
     ctx.attempt(label, [&] {
       // Verified first: each kernel and cuBLASLt, from the same zeroed output, agree on every
       // element (the GEMV at its most rows).
-      const auto once = [&](auto&& run, void* out) {
-        GPULAB_CHECK(cudaMemsetAsync(out, 0, rows * n * core::dtype_size(out_dt), stream));
+      const auto once = [&](auto&& run, void* out, DType dt) {
+        GPULAB_CHECK(cudaMemsetAsync(out, 0, rows * n * core::dtype_size(dt), stream));
         turn = 0;
         run(out);
         stream.synchronize();
-        return download(out, out_dt, rows * n);
+        return download(out, dt, rows * n);
+      };
+      const auto agree = [&](const std::vector<float>& mine, const std::vector<float>& theirs, int64_t m,
+                             const std::string& what) {
+        for (int64_t i = 0; i < m * n; ++i)
+          if (!(std::abs(mine[i] - theirs[i]) <= 1e-2f * std::abs(theirs[i]) + 1e-9f))
+            throw core::Error(what + " disagree at element " + std::to_string(i) + ": " + std::to_string(mine[i]) +
+                              " vs " + std::to_string(theirs[i]));
       };
       for (const SkinnyPath& path : {kTensorCore, kGemv, kGemvFp8}) {
         const int64_t m = path.kernel == SkinnyKernel::gemv ? kernels::kGemvMaxRows : rows;
-        const auto mine = once([&](void*) { skinny(m, path); }, y);
-        const auto theirs = once([&](void* out) { unfused(m, out); }, g.into_residual ? y_check.get() : y);
-        for (int64_t i = 0; i < m * n; ++i)
-          if (!(std::abs(mine[i] - theirs[i]) <= 1e-2f * std::abs(theirs[i]) + 1e-9f))
-            throw core::Error(std::string("skinny_gemm (") + path.name + ") and cuBLASLt disagree at element " +
-                              std::to_string(i) + ": " + std::to_string(mine[i]) + " vs " + std::to_string(theirs[i]));
+        agree(once([&](void*) { skinny(m, path); }, y, out_dt),
+              once([&](void* out) { unfused(m, out); }, g.into_residual ? y_check.get() : y, out_dt), m,
+              std::string("skinny_gemm (") + path.name + ") and cuBLASLt");
       }
+      agree(once([&](void* out) { w8a8(rows, true, out); }, y_bf16.get(), DType::bf16),
+            once([&](void* out) { w8a8(rows, false, out); }, y_bf16.get(), DType::bf16), rows,
+            "skinny_gemm (W8A8) and cuBLASLt fp8");
+      // One row per path and row count: name, weight bytes, whether its input is through the
+      // GEMM's prologue (W8A8 inputs are quantized already), the call.
+      struct Timed {
+        std::string name;
+        size_t bytes;
+        bool prologue;
+        std::function<void()> run;
+      };
       for (int64_t m : kRowCounts) {
-        std::vector<const SkinnyPath*> paths = {&kTensorCore, nullptr};  // nullptr: cuBLASLt
-        if (kernels::skinny_gemv_fits(m, k)) paths.insert(paths.begin(), {&kGemv, &kGemvFp8});
-        for (const SkinnyPath* path : paths) {
-          const size_t bytes = path && path->weights == DType::f8e4m3 ? weight_bytes / 2 : weight_bytes;
-          const nlohmann::json params = {{"n", n}, {"k", k}, {"rows", m}, {"weight_bytes", bytes},
-                                         {"prologue", g.prologue == SkinnyPrologue::none      ? "none"
-                                                      : g.prologue == SkinnyPrologue::rmsnorm ? "rmsnorm"
-                                                                                              : "swiglu"}};
-          const auto run = [&] {
-            if (path) skinny(m, *path);
-            else unfused(m, y);
-          };
+        std::vector<Timed> timed;
+        const auto add_path = [&](const SkinnyPath& path) {
+          const size_t bytes = path.weights == DType::f8e4m3 ? weight_bytes / 2 : weight_bytes;
+          timed.push_back({path.name, bytes, true, [&, m] { skinny(m, path); }});
+        };
+        if (kernels::skinny_gemv_fits(m, k)) add_path(kGemv), add_path(kGemvFp8);
+        add_path(kTensorCore);
+        timed.push_back({"cublaslt", weight_bytes, true, [&, m] { unfused(m, y); }});
+        if (m > kernels::kGemvMaxRows) {
+          timed.push_back({"skinny_w8a8", weight_bytes / 2, false, [&, m] { w8a8(m, true, y); }});
+          timed.push_back({"cublaslt_fp8", weight_bytes / 2, false, [&, m] { w8a8(m, false, y_bf16.get()); }});
+        }
+        for (const Timed& t : timed) {
+          const SkinnyPrologue prologue = t.prologue ? g.prologue : SkinnyPrologue::none;
+          const nlohmann::json params = {{"n", n}, {"k", k}, {"rows", m}, {"weight_bytes", t.bytes},
+                                         {"prologue", prologue == SkinnyPrologue::none      ? "none"
+                                                      : prologue == SkinnyPrologue::rmsnorm ? "rmsnorm"
+                                                                                            : "swiglu"}};
+          const std::string name = t.name + "_" + g.name + "_m" + std::to_string(m);
+          // Profilers see only the timed launches, the NVTX range naming the row (as in bench gemm):
+          // ncu --profile-from-start off --nvtx --nvtx-include NAME/ --launch-count 1.
+          nvtxRangePushA(name.c_str());
+          GPULAB_CHECK(cudaProfilerStart());
+          const std::vector<double> times = time_on_stream(stream, t.run, plan);
+          GPULAB_CHECK(cudaProfilerStop());
+          nvtxRangePop();
           std::vector<double> gbps;
-          for (double ms : time_on_stream(stream, run, plan))
-            gbps.push_back(per_second_1e9(static_cast<double>(bytes), ms));
-          const std::string name = std::string(path ? path->name : "cublaslt") + "_" + g.name + "_m" + std::to_string(m);
+          for (double ms : times) gbps.push_back(per_second_1e9(static_cast<double>(t.bytes), ms));
           Row row = make_row("decode", name, "bandwidth", "GB/s", summarize(gbps), ctx.datasheet().memory_gbps, params);
           row.ceiling = ctx.ceiling("hbm_copy");
           ctx.add(row);
@@ -265,7 +315,9 @@ void run_decode_suite(Context& ctx) {
   run_attention_rows(ctx, stream, plan);
   ctx.note("GEMMs: weight bytes per second; gemv_* / skinny_*: skinny_gemm's GEMV / tensor-core kernel; gemv_fp8_*: "
            "the GEMV on e4m3 weights with per-channel scales (half the bytes); cublaslt_* includes the rmsnorm / "
-           "silu_mul launch the unfused path needs");
+           "silu_mul launch the unfused path needs; skinny_w8a8_* / cublaslt_fp8_*: e4m3 inputs with per-row scales "
+           "beside e4m3 weights (W8A8, the engine's fp8 decode at 3-16 rows; its quantize kernel not timed), "
+           "cuBLASLt writing bf16");
   ctx.note("attention_*: one layer, head_dim 128, pages of 16; 7b = 32/32 heads, 8b = 32 query / 8 kv heads; "
            "GB/s of K+V read (batch x context x kv_heads x 128 x 2 x 2 B)");
   ctx.finish("decode GEMMs of LLaMA-2-7B and decode attention (bf16)");

@@ -108,12 +108,14 @@ __device__ inline uint4 finish_input(const RawInput& raw, uint4 norm, float inv_
   }
 }
 
-// Chunks a warp loads before using any: as many as fit in about 108 registers beside the
-// accumulators and row pointers (weights 8·S, inputs 4 or 8 per row tile, norm weights 4), at
-// most 16 weight loads. Every load of a step is in flight at once: one round trip per step.
-constexpr int chunks_per_step(int S, int MT, SkinnyPrologue P) {
-  const int per_chunk = 8 * S + MT * (P == SkinnyPrologue::none ? 4 : 8) + (P == SkinnyPrologue::rmsnorm ? 4 : 0);
-  const int fit = (108 - 4 * S * MT - 4 * S) / per_chunk;
+// Chunks a warp loads a step: as many as fit in about 108 registers beside the accumulators
+// and row pointers (weights 8·S, inputs 4 or 8 per row tile, norm weights 4), twice over (the
+// next step's loads are in flight while this step's are used), at most 16 weight loads. e4m3's
+// mma takes registers of its own: sm_90 runs it as conversions to f16 and f16 mma (SASS: F2FP
+// and HMMA), and ptxas spilled with the bf16 budget.
+constexpr int chunks_per_step(int S, int MT, SkinnyPrologue P, bool fp8) {
+  const int per_chunk = 2 * (8 * S + MT * (P == SkinnyPrologue::none ? 4 : 8) + (P == SkinnyPrologue::rmsnorm ? 4 : 0));
+  const int fit = ((fp8 ? 100 : 108) - 4 * S * MT - 4 * S) / per_chunk;
   return fit < 1 ? 1 : fit > kWeightLoads / (2 * S) ? kWeightLoads / (2 * S) : fit;
 }
 
@@ -133,9 +135,10 @@ template <class T, class Out, SkinnyPrologue P, int S, int MT>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_gemm_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w,
                        const float* w_scales, const float* row_scales, int m, int64_t n, int64_t k) {
-  constexpr int U = chunks_per_step(S, MT, P);
+  constexpr int U = chunks_per_step(S, MT, P, std::is_same_v<T, e4m3>);
   constexpr int kChunk = 4 * kPerLoad<T>;  // k of one warp step: each lane loads one piece of its rows
-  __shared__ float partial[kWarps][S * 16][MT * 8];
+  // Padded by one: the sums below read a row of it across a warp's lanes without bank conflicts.
+  __shared__ float partial[kWarps][S * 16][MT * 8 + 1];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S * 16;
 
@@ -145,21 +148,39 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
     for (int h = 0; h < 2; ++h) rows[s][h] = w + std::min(n0 + s * 16 + g + 8 * h, n - 1) * k;
   const int64_t chunks = (k + kChunk - 1) / kChunk;
-  uint4 a[U][S][2];
-  const auto load_weights = [&](int64_t c0) {
+  // One step: U chunks (every kWarps-th from c0) of the weights, the input rows and the norm
+  // weights; pieces past k are zeros and cost no memory access.
+  struct Step {
+    uint4 a[U][S][2];
+    RawInput raw[U][MT];
+    uint4 norm[U];
+  };
+  const auto piece_at = [&](int64_t c0, int u) { return (c0 + u * kWarps) * kChunk + t * kPerLoad<T>; };
+  const auto load_weights = [&](Step& st, int64_t c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t kk = (c0 + u * kWarps) * kChunk + t * kPerLoad<T>;  // whole pieces: all in or all out
+      const int64_t kk = piece_at(c0, u);  // whole pieces: all in or all out
 #pragma unroll
       for (int s = 0; s < S; ++s)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) a[u][s][h] = kk < k ? load_streaming(rows[s][h] + kk) : uint4{0, 0, 0, 0};
+        for (int h = 0; h < 2; ++h) st.a[u][s][h] = kk < k ? load_streaming(rows[s][h] + kk) : uint4{0, 0, 0, 0};
     }
   };
+  const auto load_inputs = [&](Step& st, int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = piece_at(c0, u);
+      st.norm[u] = P == SkinnyPrologue::rmsnorm && kk < k ? *reinterpret_cast<const uint4*>(norm_w + kk) : uint4{};
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+        st.raw[u][j] = kk < k && g + 8 * j < m ? fetch_input<T, P>(x, g + 8 * j, k, kk) : RawInput{};
+    }
+  };
+  Step cur;
   // Launched overlapped (kernels/pdl.h): the next kernel may start its blocks now, and this one
   // reads only weights until the kernel before it has finished and its writes show.
   pdl_launch_dependents();
-  load_weights(warp);  // in flight while the norm below waits on x
+  load_weights(cur, warp);  // in flight while the norm below waits on x
   pdl_wait();
 
   float row_scale[MT] = {};
@@ -198,34 +219,34 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       row_scale[j] = rsqrtf(total / static_cast<float>(k) + eps);
     }
   }
+  load_inputs(cur, warp);
 
   float acc[S][MT][4] = {};
-  for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * U) {
-    if (c0 != warp) load_weights(c0);
-    RawInput raw[U][MT];
-    uint4 norm[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kk = (c0 + u * kWarps) * kChunk + t * kPerLoad<T>;
-      norm[u] = P == SkinnyPrologue::rmsnorm && kk < k ? *reinterpret_cast<const uint4*>(norm_w + kk) : uint4{};
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-        raw[u][j] = kk < k && g + 8 * j < m ? fetch_input<T, P>(x, g + 8 * j, k, kk) : RawInput{};
-    }
+  const auto compute = [&](const Step& st) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
-        const uint4 b = finish_input<T, P>(raw[u][j], norm[u], row_scale[j]);
+        const uint4 b = finish_input<T, P>(st.raw[u][j], st.norm[u], row_scale[j]);
 #pragma unroll
         for (int s = 0; s < S; ++s) {
-          const uint32_t lo[4] = {a[u][s][0].x, a[u][s][1].x, a[u][s][0].y, a[u][s][1].y};
-          const uint32_t hi[4] = {a[u][s][0].z, a[u][s][1].z, a[u][s][0].w, a[u][s][1].w};
+          const uint32_t lo[4] = {st.a[u][s][0].x, st.a[u][s][1].x, st.a[u][s][0].y, st.a[u][s][1].y};
+          const uint32_t hi[4] = {st.a[u][s][0].z, st.a[u][s][1].z, st.a[u][s][0].w, st.a[u][s][1].w};
           mma_step<T>(acc[s][j], lo, b.x, b.y);
           mma_step<T>(acc[s][j], hi, b.z, b.w);
         }
       }
     }
+  };
+  // Each step's loads go out before the step before is summed: the weights stream without a
+  // gap between steps (session 16: 3-20 % more weight bandwidth than loading after summing).
+  constexpr int64_t kStride = kWarps * U;  // chunks between a warp's steps
+  for (int64_t c0 = warp; c0 < chunks; c0 += kStride) {
+    Step next;
+    load_weights(next, c0 + kStride);
+    load_inputs(next, c0 + kStride);
+    compute(cur);
+    cur = next;
   }
 
   // acc[s][j]: channels n0 + 16s + g (+ 8 for [2], [3]), rows 8j + 2t (+ 1 for [1], [3]).
@@ -404,20 +425,19 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWe
   else run.template operator()<2>();
 }
 
-// Slabs per block: few enough blocks that each reads x (L2 traffic beside W's) for many
-// channels, enough that two blocks per SM still find work. Four only past 8 rows, where x is
-// large and four slabs keep as many weight loads in flight as two (chunks_per_step).
-int slabs_per_block(int64_t m, int64_t n) {
-  const int sms = current_sm_count();
-  for (int s : {4, 2})
-    if ((s < 4 || m > 8) && (n + 16 * s - 1) / (16 * s) >= 2 * sms) return s;
-  return 1;
+// Slabs per block: two where that still gives two blocks per SM (each block reads x, L2 traffic
+// beside W's, for twice the channels), else one. e4m3 past 8 rows takes one: two slabs' sums and
+// loads spilled out of registers. (Four did not pay at any size in sessions 9-16.)
+int slabs_per_block(int64_t m, int64_t n, bool fp8) {
+  if (fp8 && m > 8) return 1;
+  return (n + 31) / 32 >= 2 * current_sm_count() ? 2 : 1;
 }
 
 template <class T, class Out, SkinnyPrologue P>
 void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w, int64_t m, int64_t n,
                 int64_t k, cudaStream_t stream) {
-  const int s = slabs_per_block(m, n);
+  constexpr bool fp8 = std::is_same_v<T, e4m3>;
+  const int s = slabs_per_block(m, n, fp8);
   const auto run = [&]<int S, int MT>() {
     launch_overlapped(skinny_gemm_kernel<T, Out, P, S, MT>, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))),
                       dim3(kWarps * 32), 0, stream, static_cast<Out*>(y), accumulate, in.x,
@@ -425,9 +445,10 @@ void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWei
                       in.row_scales, static_cast<int>(m), n, k);
   };
   const auto with_slabs = [&]<int MT>() {
-    if (s == 4) run.template operator()<4, MT>();
-    else if (s == 2) run.template operator()<2, MT>();
-    else run.template operator()<1, MT>();
+    if constexpr (!fp8 || MT == 1) {
+      if (s == 2) return run.template operator()<2, MT>();
+    }
+    run.template operator()<1, MT>();
   };
   if (m <= 8) with_slabs.template operator()<1>();
   else with_slabs.template operator()<2>();
