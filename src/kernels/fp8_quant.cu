@@ -4,7 +4,9 @@
 
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
+#include "kernels/block_reduce.cuh"
 #include "kernels/fp8_quant.h"
+#include "kernels/pdl.h"
 
 namespace gpulab::kernels {
 
@@ -13,18 +15,6 @@ namespace {
 // Wide blocks: a decode step quantizes only a few rows (one block each), so each row gets many
 // threads; rows move in 16-byte packs when their length allows.
 constexpr int kThreads = 1024;
-
-// The max of v over the block, returned to every thread.
-__device__ float block_max(float v) {
-  __shared__ float warp_max[kThreads / 32];
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = warp_max[0];
-  for (int w = 1; w < kThreads / 32; ++w) v = fmaxf(v, warp_max[w]);
-  __syncthreads();  // warp_max may be reused by a following call
-  return v;
-}
 
 // 16 bytes of T, and the e4m3 bytes they quantize to.
 template <class T>
@@ -61,26 +51,32 @@ __device__ float row_abs_max(const T* row, int64_t cols, bool packed) {
     for (int j = 0; j < n; ++j) m = fmaxf(m, fabsf(static_cast<float>(p.v[j])));
   };
   for_each_in_row(row, cols, packed, take);
-  return block_max(m);
+  return block_max<kThreads>(m);
 }
 
 // One block per row.
 template <class T>
 __global__ void row_amax_kernel(float* row_amax, const T* in, int64_t cols, bool packed) {
+  pdl_launch_dependents();
+  pdl_wait();
   const float m = row_abs_max(in + blockIdx.x * cols, cols, packed);
   if (threadIdx.x == 0) row_amax[blockIdx.x] = m;
 }
 
 // One block per row: the amax is the row's own, or (row_amax given) the max over all rows.
+// Both kernels launch overlapped (kernels/pdl.h) and wait before touching anything: in a decode
+// step they sit between the GEMMs, whose launches then overlap theirs.
 template <class T>
 __global__ void quantize_kernel(__nv_fp8_storage_t* out, float* scales, const T* in, int64_t rows, int64_t cols,
                                 const float* row_amax, bool packed) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t r = blockIdx.x;
   const T* row = in + r * cols;
   float m = 0.0f;
   if (row_amax) {
     for (int64_t i = threadIdx.x; i < rows; i += kThreads) m = fmaxf(m, row_amax[i]);
-    m = block_max(m);
+    m = block_max<kThreads>(m);
   } else {
     m = row_abs_max(row, cols, packed);
   }
@@ -123,13 +119,9 @@ void fp8_quantize(void* out, float* scales, const void* in, core::DType in_dtype
   core::dispatch_activation(in_dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(in);
     const bool packed = packable<T>(in, out, cols);
-    if (tensor) {
-      row_amax_kernel<T><<<rows, kThreads, 0, stream>>>(row_amax, x, cols, packed);
-      GPULAB_CHECK_LAUNCH();
-    }
-    quantize_kernel<T><<<rows, kThreads, 0, stream>>>(static_cast<__nv_fp8_storage_t*>(out), scales, x, rows, cols,
-                                                      tensor ? row_amax : nullptr, packed);
-    GPULAB_CHECK_LAUNCH();
+    if (tensor) launch_overlapped(row_amax_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, row_amax, x, cols, packed);
+    launch_overlapped(quantize_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream,
+                      static_cast<__nv_fp8_storage_t*>(out), scales, x, rows, cols, tensor ? row_amax : nullptr, packed);
   });
 }
 

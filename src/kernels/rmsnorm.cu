@@ -1,7 +1,11 @@
 #include "kernels/rmsnorm.h"
 
+#include <cuda_fp8.h>
+
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
+#include "kernels/block_reduce.cuh"
+#include "kernels/fp8_quant.h"
 #include "kernels/pdl.h"
 
 namespace gpulab::kernels {
@@ -14,10 +18,12 @@ constexpr int kCached = 16;  // elements per thread held in registers between th
 // One block per row. Decode normalizes a handful of rows, so a row's loads must all be in
 // flight at once: each thread issues its kCached loads of the row and of the weight before using
 // any, so the weight's latency hides behind the row's and the reduction's (rows up to
-// kThreads · kCached read memory once; longer rows are read again for the output).
+// kThreads · kCached read memory once; longer rows are read again for the output). The output
+// is rounded to Out; with q given, that row is then quantized to e4m3 with its own scale, as
+// fp8_quantize quantizes Out rows per row (its amax over the rounded values, the same division).
 template <class Out, class In>
-__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Out* out, const In* in, const Out* weight, int64_t dim,
-                                                           float eps) {
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Out* out, __nv_fp8_storage_t* q, float* scales, const In* in,
+                                                           const Out* weight, int64_t dim, float eps) {
   pdl_launch_dependents();
   pdl_wait();
   const In* x = in + blockIdx.x * dim;
@@ -42,26 +48,55 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Out* out, const In* i
   float total = 0.f;
   for (int warp = 0; warp < kThreads / 32; ++warp) total += warp_sums[warp];
   const float inv_rms = rsqrtf(total / static_cast<float>(dim) + eps);
-  Out* y = out + blockIdx.x * dim;
+  const auto normed = [&](float weight_i, float x_i) { return static_cast<Out>(weight_i * (x_i * inv_rms)); };
+  const auto normed_at = [&](int64_t i) { return normed(static_cast<float>(weight[i]), static_cast<float>(x[i])); };
+  const int64_t row = blockIdx.x * dim;
+  float scale = 1.f;
+  if (q) {
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < kCached; ++j) amax = fmaxf(amax, fabsf(static_cast<float>(normed(w[j], v[j]))));
+    for (int64_t i = threadIdx.x + int64_t(kCached) * kThreads; i < dim; i += kThreads)
+      amax = fmaxf(amax, fabsf(static_cast<float>(normed_at(i))));
+    scale = fp8_scale_for_amax(block_max<kThreads>(amax));
+    if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  }
+  const auto store = [&](int64_t i, Out value) {
+    if (q) q[row + i] = __nv_cvt_float_to_fp8(static_cast<float>(value) / scale, __NV_SATFINITE, __NV_E4M3);
+    else out[row + i] = value;
+  };
 #pragma unroll
   for (int j = 0; j < kCached; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kThreads;
-    if (i < dim) y[i] = static_cast<Out>(w[j] * (v[j] * inv_rms));
+    if (i < dim) store(i, normed(w[j], v[j]));
   }
-  for (int64_t i = threadIdx.x + int64_t(kCached) * kThreads; i < dim; i += kThreads)
-    y[i] = static_cast<Out>(static_cast<float>(weight[i]) * (static_cast<float>(x[i]) * inv_rms));
+  for (int64_t i = threadIdx.x + int64_t(kCached) * kThreads; i < dim; i += kThreads) store(i, normed_at(i));
+}
+
+template <class Out>
+void launch(Out* out, __nv_fp8_storage_t* q, float* scales, const void* in, core::DType in_dtype, const void* weight,
+            int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  core::dispatch_activation(in_dtype, [&]<class In>() {
+    launch_overlapped(rmsnorm_kernel<Out, In>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, out, q,
+                      scales, static_cast<const In*>(in), static_cast<const Out*>(weight), dim, eps);
+  });
 }
 
 }  // namespace
 
 void rmsnorm(void* out, core::DType out_dtype, const void* in, core::DType in_dtype, const void* weight,
              int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
-  if (rows == 0) return;
   core::dispatch_activation(out_dtype, [&]<class Out>() {
-    core::dispatch_activation(in_dtype, [&]<class In>() {
-      launch_overlapped(rmsnorm_kernel<Out, In>, dim3(rows), dim3(kThreads), 0, stream, static_cast<Out*>(out),
-                        static_cast<const In*>(in), static_cast<const Out*>(weight), dim, eps);
-    });
+    launch(static_cast<Out*>(out), nullptr, nullptr, in, in_dtype, weight, rows, dim, eps, stream);
+  });
+}
+
+void rmsnorm_fp8(void* out, float* scales, core::DType dtype, const void* in, core::DType in_dtype, const void* weight,
+                 int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
+  core::dispatch_activation(dtype, [&]<class Out>() {
+    launch(static_cast<Out*>(nullptr), static_cast<__nv_fp8_storage_t*>(out), scales, in, in_dtype, weight, rows, dim,
+           eps, stream);
   });
 }
 

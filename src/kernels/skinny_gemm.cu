@@ -1,5 +1,6 @@
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -108,34 +109,67 @@ __device__ inline uint4 finish_input(const RawInput& raw, uint4 norm, float inv_
   }
 }
 
-// Chunks a warp loads a step: as many as fit in about 108 registers beside the accumulators
-// and row pointers (weights 8·S, inputs 4 or 8 per row tile, norm weights 4), twice over (the
-// next step's loads are in flight while this step's are used), at most 16 weight loads. e4m3's
-// mma takes registers of its own: sm_90 runs it as conversions to f16 and f16 mma (SASS: F2FP
-// and HMMA), and ptxas spilled with the bf16 budget.
-constexpr int chunks_per_step(int S, int MT, SkinnyPrologue P, bool fp8) {
-  const int per_chunk = 2 * (8 * S + MT * (P == SkinnyPrologue::none ? 4 : 8) + (P == SkinnyPrologue::rmsnorm ? 4 : 0));
-  const int fit = ((fp8 ? 100 : 108) - 4 * S * MT - 4 * S) / per_chunk;
+// Chunks a warp loads a step (the prologue kernel): as many as fit in about 108 registers beside
+// the accumulators and row pointers (weights 8·S, inputs 8 per row tile, norm weights 4), twice
+// over (the next step's loads are in flight while this step's are used), at most 16 weight loads.
+constexpr int chunks_per_step(int S, int MT, SkinnyPrologue P) {
+  const int per_chunk = 2 * (8 * S + MT * 8 + (P == SkinnyPrologue::rmsnorm ? 4 : 0));
+  const int fit = (108 - 4 * S * MT - 4 * S) / per_chunk;
   return fit < 1 ? 1 : fit > kWeightLoads / (2 * S) ? kWeightLoads / (2 * S) : fit;
 }
 
 // d += a·b on T's tensor-core tile: m16n8k16 for bf16/fp16, m16n8k32 for e4m3. Both take a
-// lane's 16-byte pieces the same way, 8 or 16 elements of k a piece.
+// lane's 16-byte pieces the same way, 8 or 16 elements of k a piece. (sm_90 runs e4m3's mma.sync
+// as conversions to f16 and f16 mma: SASS F2FP and HMMA, no QMMA; only wgmma has native e4m3.)
 template <class T>
 __device__ inline void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, e4m3>) mma_16832_e4m3(d, a, b0, b1);
   else mma_16816<T>(d, a, b0, b1);
 }
 
-// One block computes S slabs of 16 output channels for all m rows (MT tiles of 8 rows): each
-// warp runs every kWarps-th chunk of K, then the warps' sums meet in shared memory. T is the
-// weights' and inputs' type; e4m3 (W8A8, prologue none) scales each sum by its channel's weight
-// scale and its row's input scale.
+// The end of both tensor-core kernels: each warp's sums acc[s][j] (channels n0 + 16s + g, + 8 for
+// [2] and [3]; rows 8j + 2t, + 1 for [1] and [3]) meet in `partial` (shared memory, free for it),
+// are summed in warp order (deterministic), scaled (e4m3: channel and row scales) and written or
+// added to y.
+template <class T, class Out, int S, int MT>
+__device__ inline void store_sums(float (*partial)[S * 16][MT * 8 + 1], const float (&acc)[S][MT][4], Out* y,
+                                  bool accumulate, const float* w_scales, const float* row_scales, int m, int64_t n,
+                                  int64_t n0) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[warp][s * 16 + g + 8 * (i / 2)][j * 8 + 2 * t + i % 2] = acc[s][j][i];
+  __syncthreads();
+  for (int i = threadIdx.x; i < m * S * 16; i += kWarps * 32) {
+    const int r = i / (S * 16), c = i % (S * 16);
+    if (n0 + c >= n) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum += partial[v][c][r];
+    if constexpr (std::is_same_v<T, e4m3>) sum *= w_scales[n0 + c] * row_scales[r];
+    Out* out = y + r * n + n0 + c;
+    if constexpr (std::is_same_v<Out, float>)
+      *out = accumulate ? *out + sum : sum;
+    else
+      *out = static_cast<Out>(sum);
+  }
+}
+
+// The two tensor-core kernels: one block computes S slabs of 16 output channels for all m rows
+// (MT tiles of 8 rows); each warp runs every kWarps-th chunk of K, then the warps' sums meet in
+// shared memory. T is the weights' and inputs' type.
+//
+// The prologue kernel (rmsnorm, swiglu): each lane loads its own fragment pieces of W and x
+// straight into registers, the next step's while this one is summed, and builds the input.
 template <class T, class Out, SkinnyPrologue P, int S, int MT>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_gemm_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w,
                        const float* w_scales, const float* row_scales, int m, int64_t n, int64_t k) {
-  constexpr int U = chunks_per_step(S, MT, P, std::is_same_v<T, e4m3>);
+  static_assert(P != SkinnyPrologue::none, "plain inputs take skinny_tiles_kernel");
+  constexpr int U = chunks_per_step(S, MT, P);
   constexpr int kChunk = 4 * kPerLoad<T>;  // k of one warp step: each lane loads one piece of its rows
   // Padded by one: the sums below read a row of it across a warp's lanes without bank conflicts.
   __shared__ float partial[kWarps][S * 16][MT * 8 + 1];
@@ -249,27 +283,121 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     cur = next;
   }
 
-  // acc[s][j]: channels n0 + 16s + g (+ 8 for [2], [3]), rows 8j + 2t (+ 1 for [1], [3]).
+  store_sums<T, Out, S, MT>(partial, acc, y, accumulate, w_scales, row_scales, m, n, n0);
+}
+
+// The tiles kernel (plain inputs: bf16/fp16, or e4m3 beside e4m3 weights, W8A8, each sum then
+// scaled by its channel's and its row's scale): a warp's step is a tile of 128 bytes of each of
+// its W rows and x rows, copied by cp.async 8 lanes to a row (whole 128-byte lines, 4 rows an
+// instruction) into a ring of kStages tiles in shared memory, kStages - 1 in flight; the lanes
+// then read their fragment pieces from there. The prologue kernel's loads, a lane's own fragment
+// pieces, take 16 rows a 64-byte half line an instruction, and streamed fewer bytes: session 17,
+// bench decode at 16 rows, W8A8 TB/s of weights 3.12-3.52 against 2.78-2.99 (o_proj 2.49 / 1.77),
+// and a 70B fp8 decode step at batch 16 22.85 against 25.94 ms. (A ring of each lane's own pieces,
+// the same loads deeper in flight, was no faster than registers: not the depth, the pattern.)
+constexpr int kTileBytes = 128;
+constexpr int kTileSmem = 96 * 1024;  // of tiles a block: two blocks an SM
+
+template <int S, int MT>
+struct Tiles {
+  static constexpr int kRows = 16 * S + 8 * MT;  // a warp's step: W rows, then x rows
+  static constexpr int kStepBytes = kRows * kTileBytes;
+  static constexpr int kStages = std::clamp(kTileSmem / (kWarps * kStepBytes), 2, 8);
+  static constexpr size_t kBytes = size_t{kStages} * kWarps * kStepBytes;
+};
+
+template <class T, class Out, int S, int MT>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    skinny_tiles_kernel(Out* y, bool accumulate, const T* x, const T* w, const float* w_scales,
+                        const float* row_scales, int m, int64_t n, int64_t k) {
+  using L = Tiles<S, MT>;
+  constexpr int D = L::kStages, kRows = L::kRows;
+  constexpr int64_t kStepK = kTileBytes / sizeof(T);
+  extern __shared__ uint4 ring[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S * 16;
+  const uint32_t ring_base = smem_addr(ring);
+  // Piece p (16 bytes) of this warp's tile row r in `stage`, odd rows' halves swapped: the
+  // fragment reads below take a 128-byte line per quarter warp without bank conflicts.
+  const auto offset = [&](int stage, int r, int p) {
+    return ((stage * kWarps + warp) * kRows + r) * kTileBytes + ((p ^ ((r & 1) << 2)) * 16);
+  };
+  // Warp step c covers k from c·kStepK; lane l copies piece l % 8 of rows l / 8 + 4i. Pieces past
+  // k, and x rows past m, are zeros copied without a memory access; W rows past n repeat row n - 1.
+  const int p_copy = lane % 8;
+  const auto copy_w = [&](int stage, int64_t c) {
+    const int64_t kk = c * kStepK + p_copy * kPerLoad<T>;
 #pragma unroll
-  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < 4 * S; ++i) {
+      const int r = i * 4 + lane / 8;
+      const T* row = w + std::min(n0 + r, n - 1) * k;
+      cp_async16_or_zero(ring_base + offset(stage, r, p_copy), row + (kk < k ? kk : 0), kk < k);
+    }
+  };
+  const auto copy_x = [&](int stage, int64_t c) {
+    const int64_t kk = c * kStepK + p_copy * kPerLoad<T>;
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+    for (int i = 0; i < 2 * MT; ++i) {
+      const int j = i * 4 + lane / 8;
+      const bool in = kk < k && j < m;
+      cp_async16_or_zero(ring_base + offset(stage, 16 * S + j, p_copy), x + (in ? j * k + kk : 0), in);
+    }
+  };
+  const int64_t steps = (k + kStepK - 1) / kStepK;
+  // Launched overlapped (kernels/pdl.h): the first stages' weights go out before the wait (they
+  // join the first stage's commit group), x after it.
+  pdl_launch_dependents();
 #pragma unroll
-      for (int i = 0; i < 4; ++i) partial[warp][s * 16 + g + 8 * (i / 2)][j * 8 + 2 * t + i % 2] = acc[s][j][i];
-  __syncthreads();
-  for (int i = threadIdx.x; i < m * S * 16; i += kWarps * 32) {
-    const int r = i / (S * 16), c = i % (S * 16);
-    if (n0 + c >= n) continue;
-    float sum = 0.f;
+  for (int stage = 0; stage < D - 1; ++stage) copy_w(stage, warp + stage * kWarps);
+  pdl_wait();
 #pragma unroll
-    for (int v = 0; v < kWarps; ++v) sum += partial[v][c][r];
-    if constexpr (std::is_same_v<T, e4m3>) sum *= w_scales[n0 + c] * row_scales[r];
-    Out* out = y + r * n + n0 + c;
-    if constexpr (std::is_same_v<Out, float>)
-      *out = accumulate ? *out + sum : sum;
-    else
-      *out = static_cast<Out>(sum);
+  for (int stage = 0; stage < D - 1; ++stage) {
+    copy_x(stage, warp + stage * kWarps);
+    cp_async_commit();
   }
+  const auto piece = [&](int stage, int r, int p) {
+    return *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(ring) + offset(stage, r, p));
+  };
+  // Step c: copy step c + (D - 1)·kWarps into the stage step c - kWarps used, wait for step c's
+  // commit group (at most D - 1 younger ones in flight), sum it: each lane's pieces p = 4u + t,
+  // the same k for W's rows and x's, as the prologue kernel takes them.
+  float acc[S][MT][4] = {};
+  int stage = 0;
+  for (int64_t c = warp; c < steps; c += kWarps) {
+    const int freed = stage == 0 ? D - 1 : stage - 1;
+    __syncwarp();  // every lane has read the freed stage
+    copy_w(freed, c + (D - 1) * kWarps);
+    copy_x(freed, c + (D - 1) * kWarps);
+    cp_async_commit();
+    cp_async_wait<D - 1>();
+    __syncwarp();  // every lane's copies of this stage have landed
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int p = u * 4 + t;
+      uint4 a[S][2];
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) a[s][h] = piece(stage, 16 * s + g + 8 * h, p);
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const uint4 b = piece(stage, 16 * S + 8 * j + g, p);
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const uint32_t lo[4] = {a[s][0].x, a[s][1].x, a[s][0].y, a[s][1].y};
+          const uint32_t hi[4] = {a[s][0].z, a[s][1].z, a[s][0].w, a[s][1].w};
+          mma_step<T>(acc[s][j], lo, b.x, b.y);
+          mma_step<T>(acc[s][j], hi, b.z, b.w);
+        }
+      }
+    }
+    stage = stage + 1 == D ? 0 : stage + 1;
+  }
+  cp_async_wait<0>();  // no copy in flight into the tiles ...
+  __syncthreads();     // ... nor a warp reading them: the sums take their place
+  using Partial = float[S * 16][MT * 8 + 1];
+  static_assert(sizeof(Partial) * kWarps <= L::kBytes);
+  store_sums<T, Out, S, MT>(reinterpret_cast<Partial*>(ring), acc, y, accumulate, w_scales, row_scales, m, n, n0);
 }
 
 // The GEMV for m ≤ kGemvMaxRows: one warp per output channel at a time, plain FMAs (a 16-byte
@@ -426,8 +554,9 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWe
 }
 
 // Slabs per block: two where that still gives two blocks per SM (each block reads x, L2 traffic
-// beside W's, for twice the channels), else one. e4m3 past 8 rows takes one: two slabs' sums and
-// loads spilled out of registers. (Four did not pay at any size in sessions 9-16.)
+// beside W's, for twice the channels), else one. e4m3 past 8 rows takes one: two measured no
+// faster (session 17, 16 rows: qkv 3.02 against 3.12 TB/s, gate_up 3.43 against 3.31, a 70B step
+// 22.88 against 22.85 ms). (Four did not pay at any size in sessions 9-16.)
 int slabs_per_block(int64_t m, int64_t n, bool fp8) {
   if (fp8 && m > 8) return 1;
   return (n + 31) / 32 >= 2 * current_sm_count() ? 2 : 1;
@@ -444,11 +573,22 @@ void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWei
                       static_cast<const T*>(in.norm_weight), in.eps, static_cast<const T*>(w.w), w.scales,
                       in.row_scales, static_cast<int>(m), n, k);
   };
+  const auto run_tiles = [&]<int S, int MT>() {
+    const auto kernel = skinny_tiles_kernel<T, Out, S, MT>;
+    constexpr size_t smem = Tiles<S, MT>::kBytes;
+    GPULAB_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    launch_overlapped(kernel, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))), dim3(kWarps * 32), smem,
+                      stream, static_cast<Out*>(y), accumulate, static_cast<const T*>(in.x),
+                      static_cast<const T*>(w.w), w.scales, in.row_scales, static_cast<int>(m), n, k);
+  };
   const auto with_slabs = [&]<int MT>() {
-    if constexpr (!fp8 || MT == 1) {
-      if (s == 2) return run.template operator()<2, MT>();
+    if constexpr (P == SkinnyPrologue::none) {
+      if (s == 2) run_tiles.template operator()<2, MT>();
+      else run_tiles.template operator()<1, MT>();
+    } else {
+      if (s == 2) run.template operator()<2, MT>();
+      else run.template operator()<1, MT>();
     }
-    run.template operator()<1, MT>();
   };
   if (m <= 8) with_slabs.template operator()<1>();
   else with_slabs.template operator()<2>();

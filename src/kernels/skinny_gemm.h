@@ -4,8 +4,8 @@
 // activations on the GEMV, up to kGemvMaxRows rows (weight-only fp8: half the bytes of a decode
 // step's stream, the activations not quantized); beside e4m3 activations with per-row scales
 // (W8A8) on the tensor-core kernel (m16n8k32), up to 16 rows. Decode reads each weight once per
-// step, so the kernel streams W at memory speed (16-byte loads, many in flight) and puts W's rows on the tensor cores' 16-row side: 16 rows
-// cost the weight traffic of one. A prologue can build the activation on the fly, removing the
+// step, so the kernel streams W at memory speed (16-byte loads, many in flight) and puts W's rows
+// on the tensor cores' 16-row side: 16 rows cost the weight traffic of one. A prologue can build the activation on the fly, removing the
 // small kernel that would have written it:
 //   rmsnorm: x is the float32 residual [m, k]; the input is rmsnorm(x) · norm_weight, rounded to
 //            the weights' dtype as kernels::rmsnorm rounds it;
@@ -43,8 +43,9 @@ struct SkinnyWeights {
 
 constexpr int64_t kSkinnyMaxRows = 16;
 
-// The kernel behind skinny_gemm. mma: the tensor-core kernel above, any m. gemv: for
-// m ≤ kGemvMaxRows, plain FMAs (a 16-byte weight piece costs 8·m), one warp per output channel,
+// The kernel behind skinny_gemm. mma: the tensor-core kernels above, any m (plain inputs, W8A8
+// included, staged through shared memory in whole cache lines; a prologue's inputs built in
+// registers from each lane's own loads). gemv: for m ≤ kGemvMaxRows, plain FMAs (a 16-byte weight piece costs 8·m), one warp per output channel,
 // every block resident at once, the input rows built once per block in shared memory.
 // automatic: gemv where skinny_gemv_fits, mma elsewhere. On the H200 (7B shapes, bench decode,
 // session 9) the GEMV streamed 2.95-3.98 TB/s of weights at 1 row against the tensor-core

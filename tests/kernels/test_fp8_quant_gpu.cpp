@@ -1,13 +1,17 @@
 // The fp8 quantization kernels against their CPU reference, bit for bit (bytes and scales), for
 // every input dtype, both granularities, rows longer and shorter than a block, a zero row, and
-// repeated calls (per-tensor scaling keeps no state between steps); and the residual accumulate.
+// repeated calls (per-tensor scaling keeps no state between steps); the residual accumulate; and
+// the fused rmsnorm_fp8 / silu_mul_fp8 against their two-kernel composition, bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "common/gpu.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/llm_ops_testing.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/silu_mul.h"
 
 namespace gpulab::kernels {
 namespace {
@@ -67,6 +71,66 @@ TEST(Fp8QuantGpu, AccumulateAddsIntoTheFloatResidual) {
       accumulate_ref(want.data(), y.host.data(), n);
       accumulate(static_cast<float*>(x.get()), y.get(), dt, n, nullptr);
       EXPECT_EQ(x.download(), want) << testing::dtype_label(dt) << " n=" << n;
+    }
+}
+
+// The e4m3 bytes and scales of `rows` quantized rows, from the device.
+struct Quantized {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  bool operator==(const Quantized&) const = default;
+};
+
+template <class Run>
+Quantized quantized(int64_t rows, int64_t cols, Run&& run) {
+  core::DeviceBuffer<uint8_t> q(rows * cols);
+  core::DeviceBuffer<float> scales(rows);
+  GPULAB_CHECK(cudaMemset(q.get(), 0xFF, q.bytes()));
+  GPULAB_CHECK(cudaMemset(scales.get(), 0xFF, scales.bytes()));
+  run(q.get(), scales.get());
+  GPULAB_CHECK(cudaDeviceSynchronize());
+  Quantized out{std::vector<uint8_t>(rows * cols), std::vector<float>(rows)};
+  GPULAB_CHECK(cudaMemcpy(out.bytes.data(), q.get(), q.bytes(), cudaMemcpyDeviceToHost));
+  GPULAB_CHECK(cudaMemcpy(out.scales.data(), scales.get(), scales.bytes(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+TEST(Fp8QuantGpu, FusedNormAndGateQuantizeAsTheTwoKernels) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  // Rows up to and past rmsnorm's cached length (8192), odd lengths, a decode step's few rows.
+  for (int64_t cols : {128, 4096, 5003, 8192, 11008, 13000})
+    for (int64_t rows : {1, 16}) {
+      for (DType dt : {DType::bf16, DType::f16}) {
+        const std::string what = testing::dtype_label(dt) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+        for (DType in_dt : {DType::f32, DType::bf16}) {
+          DeviceTensor x(testing::uniform(rows * cols, rng, -4, 4), in_dt);
+          DeviceTensor w(testing::uniform(cols, rng, 0.5f, 1.5f), dt);
+          auto normed = DeviceTensor::poisoned(rows * cols, dt);
+          const Quantized two = quantized(rows, cols, [&](uint8_t* q, float* s) {
+            rmsnorm(normed.get(), dt, x.get(), in_dt, w.get(), rows, cols, 1e-5f, nullptr);
+            fp8_quantize(q, s, normed.get(), dt, rows, cols, Fp8Granularity::row, nullptr, nullptr);
+          });
+          const Quantized one = quantized(rows, cols, [&](uint8_t* q, float* s) {
+            rmsnorm_fp8(q, s, dt, x.get(), in_dt, w.get(), rows, cols, 1e-5f, nullptr);
+          });
+          EXPECT_TRUE(one == two) << "rmsnorm_fp8 " << what << " from " << testing::dtype_label(in_dt);
+        }
+        DeviceTensor gate_up(testing::uniform(rows * 2 * cols, rng, -6, 6), dt);
+        auto act = DeviceTensor::poisoned(rows * cols, dt);
+        const Quantized two = quantized(rows, cols, [&](uint8_t* q, float* s) {
+          silu_mul(act.get(), gate_up.get(), rows, cols, dt, nullptr);
+          fp8_quantize(q, s, act.get(), dt, rows, cols, Fp8Granularity::row, nullptr, nullptr);
+        });
+        const Quantized one = quantized(rows, cols, [&](uint8_t* q, float* s) {
+          silu_mul_fp8(q, s, gate_up.get(), rows, cols, dt, nullptr);
+        });
+        EXPECT_TRUE(one == two) << "silu_mul_fp8 " << what;
+        // Not two untouched outputs: every byte written (0x7F / 0xFF, the poison, are e4m3 NaN).
+        EXPECT_EQ(std::count_if(one.bytes.begin(), one.bytes.end(), [](uint8_t b) { return (b & 0x7F) == 0x7F; }), 0)
+            << what;
+        for (float scale : one.scales) EXPECT_GT(scale, 0.f) << what;
+      }
     }
 }
 
