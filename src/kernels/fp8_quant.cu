@@ -85,7 +85,7 @@ __global__ void quantize_kernel(__nv_fp8_storage_t* out, float* scales, const T*
   using Out = Fp8Pack<Pack<T>::kSize>;
   auto put = [&](int64_t c, const Pack<T>& p, int n = Pack<T>::kSize) {
     Out o;
-    for (int j = 0; j < n; ++j) o.v[j] = __nv_cvt_float_to_fp8(static_cast<float>(p.v[j]) / s, __NV_SATFINITE, __NV_E4M3);
+    for (int j = 0; j < n; ++j) o.v[j] = fp8_quantize_value(static_cast<float>(p.v[j]), s);
     if (n == Pack<T>::kSize)
       *reinterpret_cast<Out*>(q + c) = o;
     else
@@ -119,8 +119,9 @@ void fp8_quantize(void* out, float* scales, const void* in, core::DType in_dtype
   core::dispatch_activation(in_dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(in);
     const bool packed = packable<T>(in, out, cols);
-    if (tensor) launch_overlapped(row_amax_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, row_amax, x, cols, packed);
-    launch_overlapped(quantize_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream,
+    const dim3 grid(static_cast<unsigned>(rows));
+    if (tensor) launch_overlapped(row_amax_kernel<T>, grid, dim3(kThreads), 0, stream, row_amax, x, cols, packed);
+    launch_overlapped(quantize_kernel<T>, grid, dim3(kThreads), 0, stream,
                       static_cast<__nv_fp8_storage_t*>(out), scales, x, rows, cols, tensor ? row_amax : nullptr, packed);
   });
 }

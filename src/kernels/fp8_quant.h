@@ -7,6 +7,9 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#ifdef __CUDACC__
+#include <cuda_fp8.h>
+#endif
 
 #include <cstdint>
 
@@ -24,6 +27,14 @@ __host__ __device__
 inline float fp8_scale_for_amax(float amax) {
   return (amax > kFp8MinAmax ? amax : kFp8MinAmax) / kFp8E4m3Max;
 }
+
+#ifdef __CUDACC__
+// x / s in e4m3, saturating: every kernel that quantizes (fp8_quantize, rmsnorm_fp8,
+// silu_mul_fp8) converts through this, so their bytes agree bit for bit.
+__device__ inline __nv_fp8_storage_t fp8_quantize_value(float x, float s) {
+  return __nv_cvt_float_to_fp8(x / s, __NV_SATFINITE, __NV_E4M3);
+}
+#endif
 
 enum class Fp8Granularity { row, tensor };
 

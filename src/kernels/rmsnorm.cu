@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Out* out, __nv_fp8_st
     if (threadIdx.x == 0) scales[blockIdx.x] = scale;
   }
   const auto store = [&](int64_t i, Out value) {
-    if (q) q[row + i] = __nv_cvt_float_to_fp8(static_cast<float>(value) / scale, __NV_SATFINITE, __NV_E4M3);
+    if (q) q[row + i] = fp8_quantize_value(static_cast<float>(value), scale);
     else out[row + i] = value;
   };
 #pragma unroll

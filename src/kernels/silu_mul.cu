@@ -49,8 +49,7 @@ __global__ void __launch_bounds__(kFp8Threads) silu_mul_fp8_kernel(__nv_fp8_stor
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
   __nv_fp8_storage_t* row = q + blockIdx.x * inter;
   for (int64_t i = threadIdx.x; i < inter; i += kFp8Threads)
-    row[i] = __nv_cvt_float_to_fp8(static_cast<float>(silu_times(gate[i], gate[inter + i])) / scale, __NV_SATFINITE,
-                                   __NV_E4M3);
+    row[i] = fp8_quantize_value(static_cast<float>(silu_times(gate[i], gate[inter + i])), scale);
 }
 
 }  // namespace
