@@ -86,9 +86,13 @@ core::DeviceBuffer<T> upload(const std::vector<T>& host) {
   return d;
 }
 
-// attention_decode against attention_ref on sequences of 1, 100 and 300 positions (random bf16
-// keys, values and queries); throws on the first element off by more than bf16 rounding.
-void verify_decode_attention(const kernels::AttentionShape& shape, cudaStream_t stream) {
+using DecodeFn = decltype(&kernels::attention_decode);
+
+// A decode attention path against attention_ref on sequences of 1, 100 and 300 positions (random
+// bf16 keys, values and queries); throws on the first element off by more than bf16 rounding of
+// the output, plus, on tensor cores, of the softmax weights (at most u·max|v| = 2^-8 · 2).
+void verify_decode_attention(DecodeFn decode, bool tensor_cores, const kernels::AttentionShape& shape,
+                             cudaStream_t stream) {
   const std::vector<int32_t> lens = {1, 100, 300};
   const int64_t seqs = 3, pages = (300 + kPageSize - 1) / kPageSize, qd = shape.q_heads * kHeadDim,
                 kvd = shape.kv_heads * kHeadDim;
@@ -105,8 +109,8 @@ void verify_decode_attention(const kernels::AttentionShape& shape, cudaStream_t 
   auto d_table = upload(table), d_lens = upload(lens);
   core::DeviceBuffer<uint16_t> out(seqs * qd);
   core::DeviceBuffer<std::byte> ws(kernels::attention_decode_workspace(seqs, 300, shape));
-  kernels::attention_decode({out.get(), qd}, {d_q.get(), qd}, {d_k.get(), d_v.get(), d_table.get(), pages, kPageSize},
-                            d_lens.get(), seqs, 300, shape, ws.get(), DType::bf16, stream);
+  decode({out.get(), qd}, {d_q.get(), qd}, {d_k.get(), d_v.get(), d_table.get(), pages, kPageSize}, d_lens.get(), seqs,
+         300, shape, ws.get(), DType::bf16, stream);
   GPULAB_CHECK(cudaStreamSynchronize(stream));
   const auto got = download(out.get(), DType::bf16, seqs * qd);
   const auto floats = [](const std::vector<uint16_t>& bits, int64_t from, int64_t count) {
@@ -126,55 +130,70 @@ void verify_decode_attention(const kernels::AttentionShape& shape, cudaStream_t 
     kernels::attention_ref(want.data() + s * qd, qd, qs.data(), qd, ks.data(), vs.data(), kvd, 1, lens[s] - 1, shape);
   }
   for (int64_t i = 0; i < seqs * qd; ++i)
-    if (!(std::abs(got[i] - want[i]) <= 1e-4f + 1e-2f * std::abs(want[i])))
+    if (!(std::abs(got[i] - want[i]) <= (tensor_cores ? 2 * 0x1p-8f : 1e-4f) + 1e-2f * std::abs(want[i])))
       throw core::Error("attention_decode and attention_ref disagree at element " + std::to_string(i) + ": " +
                         std::to_string(got[i]) + " vs " + std::to_string(want[i]));
 }
 
 // One layer's decode attention per batch and context: microseconds per call, and K+V bytes
 // read per second against the HBM copy ceiling. Enough caches, used in turn, that each call
-// reads from HBM as a layer of a real model does.
+// reads from HBM as a layer of a real model does. Rows without a suffix time the path that
+// attention_decode takes; rows ending in _cuda_cores or _tensor_cores, the other one (where the
+// tensor cores apply at all), for the A/B.
 void run_attention_rows(Context& ctx, cudaStream_t stream, const TimingPlan& plan) {
   for (const DecodeAttention& a : kAttentions) {
     const kernels::AttentionShape shape{a.q_heads, a.kv_heads, kHeadDim, 1.0f / std::sqrt(float(kHeadDim))};
     const int64_t qd = a.q_heads * kHeadDim, kvd = a.kv_heads * kHeadDim, q_stride = qd + 2 * kvd;
-    ctx.attempt(std::string("decode attention ") + a.name, [&] {
-      verify_decode_attention(shape, stream);
-      for (int64_t batch : kAttentionBatches)
-        for (int64_t context : kAttentionContexts) {
-          const int64_t pages = context / kPageSize, cache = batch * context * kvd;
-          const double kv_bytes = 2.0 * cache * 2;  // K and V, bf16
-          const int64_t copies =
-              std::max<int64_t>(2, static_cast<int64_t>(std::ceil(2 * ctx.device().l2_bytes / kv_bytes)));
-          core::DeviceBuffer<uint16_t> k(copies * cache), v(copies * cache), qkv(batch * q_stride), out(batch * qd);
-          for (auto* b : {&k, &v, &qkv})
-            GPULAB_CHECK(cudaMemsetAsync(b->get(), 0x3C, b->bytes(), stream));  // bf16 0x3C3C ≈ 0.0115
-          auto table = upload(reversed_block_table(batch, pages));
-          auto lens = upload(std::vector<int32_t>(batch, static_cast<int32_t>(context)));
-          core::DeviceBuffer<std::byte> ws(kernels::attention_decode_workspace(batch, context, shape));
-          int64_t turn = 0;
-          const auto call = [&] {
-            const int64_t at = (turn++ % copies) * cache;
-            kernels::attention_decode({out.get(), qd}, {qkv.get(), q_stride},
-                                      {k.get() + at, v.get() + at, table.get(), pages, kPageSize}, lens.get(), batch,
-                                      context, shape, ws.get(), DType::bf16, stream);
-          };
-          std::vector<double> us, gbps;
-          for (double ms : time_on_stream(stream, call, plan)) {
-            us.push_back(ms * 1e3);
-            gbps.push_back(per_second_1e9(kv_bytes, ms));
+    const kernels::PagedKv probe{nullptr, nullptr, nullptr, 0, kPageSize};
+    const bool auto_tc = kernels::attention_decode_uses_tensor_cores({nullptr, q_stride}, probe, shape, DType::bf16);
+    struct Path {
+      const char* suffix;
+      DecodeFn decode;
+      bool tensor_cores;
+    };
+    const Path paths[] = {{"", kernels::attention_decode, auto_tc},
+                          auto_tc ? Path{"_cuda_cores", kernels::attention_decode_cuda_cores, false}
+                                  : Path{"_tensor_cores", kernels::attention_decode_tensor_cores, true}};
+    for (const Path& path : paths) {
+      ctx.attempt(std::string("decode attention ") + a.name + path.suffix, [&] {
+        verify_decode_attention(path.decode, path.tensor_cores, shape, stream);
+        for (int64_t batch : kAttentionBatches)
+          for (int64_t context : kAttentionContexts) {
+            const int64_t pages = context / kPageSize, cache = batch * context * kvd;
+            const double kv_bytes = 2.0 * cache * 2;  // K and V, bf16
+            const int64_t copies =
+                std::max<int64_t>(2, static_cast<int64_t>(std::ceil(2 * ctx.device().l2_bytes / kv_bytes)));
+            core::DeviceBuffer<uint16_t> k(copies * cache), v(copies * cache), qkv(batch * q_stride), out(batch * qd);
+            for (auto* b : {&k, &v, &qkv})
+              GPULAB_CHECK(cudaMemsetAsync(b->get(), 0x3C, b->bytes(), stream));  // bf16 0x3C3C ≈ 0.0115
+            auto table = upload(reversed_block_table(batch, pages));
+            auto lens = upload(std::vector<int32_t>(batch, static_cast<int32_t>(context)));
+            core::DeviceBuffer<std::byte> ws(kernels::attention_decode_workspace(batch, context, shape));
+            int64_t turn = 0;
+            const auto call = [&] {
+              const int64_t at = (turn++ % copies) * cache;
+              path.decode({out.get(), qd}, {qkv.get(), q_stride},
+                          {k.get() + at, v.get() + at, table.get(), pages, kPageSize}, lens.get(), batch, context,
+                          shape, ws.get(), DType::bf16, stream);
+            };
+            std::vector<double> us, gbps;
+            for (double ms : time_on_stream(stream, call, plan)) {
+              us.push_back(ms * 1e3);
+              gbps.push_back(per_second_1e9(kv_bytes, ms));
+            }
+            const nlohmann::json params = {{"q_heads", a.q_heads}, {"kv_heads", a.kv_heads}, {"head_dim", kHeadDim},
+                                           {"batch", batch},       {"context", context},   {"kv_bytes", kv_bytes},
+                                           {"page_size", kPageSize}};
+            const std::string name = std::string("attention_") + a.name + "_b" + std::to_string(batch) + "_ctx" +
+                                     std::to_string(context) + path.suffix;
+            ctx.add(make_row("decode", name + "_time", "latency", "us", summarize(us), std::nullopt, params));
+            Row row =
+                make_row("decode", name, "bandwidth", "GB/s", summarize(gbps), ctx.datasheet().memory_gbps, params);
+            row.ceiling = ctx.ceiling("hbm_copy");
+            ctx.add(row);
           }
-          const nlohmann::json params = {{"q_heads", a.q_heads}, {"kv_heads", a.kv_heads}, {"head_dim", kHeadDim},
-                                         {"batch", batch},       {"context", context},   {"kv_bytes", kv_bytes},
-                                         {"page_size", kPageSize}};
-          const std::string name = std::string("attention_") + a.name + "_b" + std::to_string(batch) + "_ctx" +
-                                   std::to_string(context);
-          ctx.add(make_row("decode", name + "_time", "latency", "us", summarize(us), std::nullopt, params));
-          Row row = make_row("decode", name, "bandwidth", "GB/s", summarize(gbps), ctx.datasheet().memory_gbps, params);
-          row.ceiling = ctx.ceiling("hbm_copy");
-          ctx.add(row);
-        }
-    });
+      });
+    }
   }
 }
 

@@ -5,7 +5,7 @@
 
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
-#include "kernels/attention_prefill_mma.h"
+#include "kernels/attention_mma.h"
 #include "kernels/pdl.h"
 
 namespace gpulab::kernels {
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
 // dim 128, 16 vectors a thread, whole in registers up to group 8. A shorter split would spread
 // batch 1 over more SMs but double the partials the combine reads; a longer one would not fit.
 
-constexpr int kSplit = 64, kDecodeThreads = 128, kDecodeWarps = kDecodeThreads / 32;
+constexpr int kSplit = kDecodeSplit, kDecodeThreads = 128, kDecodeWarps = kDecodeThreads / 32;
 constexpr int kMaxGroup = 16;        // query heads per kv head that one block serves
 constexpr int kMaxSplitBlocks = 64;  // blocks per (kv head, sequence); each merges several splits
 constexpr int kDecodeBlocksPerSm = 16;  // bound on the grid, in blocks per SM (a few waves)
@@ -442,9 +442,13 @@ size_t attention_decode_workspace(int64_t num_seqs, int64_t max_seq_len, const A
   return sizeof(float) * num_seqs * shape.q_heads * max_split_blocks(max_seq_len) * (shape.head_dim + 2);
 }
 
-void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
-                      int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
-                      cudaStream_t stream) {
+namespace {
+
+enum class DecodePath { automatic, cuda_cores, tensor_cores };
+
+void decode(DecodePath path, Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
+            int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
+            cudaStream_t stream) {
   check_shape(shape);
   if (num_seqs == 0) return;
   const int group = static_cast<int>(shape.q_heads / shape.kv_heads);
@@ -460,24 +464,55 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
   float* part_o = static_cast<float*>(workspace);
   float* part_m = part_o + partials * shape.head_dim;
   float* part_l = part_m + partials;
+  const bool tensor_cores = path == DecodePath::tensor_cores ||
+                            (path == DecodePath::automatic && attention_decode_uses_tensor_cores(q, kv, shape, dtype));
+  if (tensor_cores)
+    attention_decode_splits_mma(q, kv, seq_lens, num_seqs, shape, {part_o, part_m, part_l, blocks}, dtype, stream);
   core::dispatch_activation(dtype, [&]<class T>() {
     dispatch_head_dim(shape.head_dim, [&]<int D>() {
-      dispatch_group(group, [&]<int G>() {
-        constexpr size_t smem = sizeof(float) * G * (2 * D + kSplit + kDecodeWarps * D + 4);
-        if constexpr (smem > 48 * 1024)
-          GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
-        launch_overlapped(decode_split_kernel<T, D, G>, dim3(shape.kv_heads, num_seqs, blocks), dim3(kDecodeThreads),
-                          smem, stream, static_cast<const T*>(q.data), q.stride, static_cast<const T*>(kv.k_cache),
-                          static_cast<const T*>(kv.v_cache), kv.block_table, kv.max_blocks_per_seq,
-                          static_cast<int>(kv.block_size), seq_lens, static_cast<int>(shape.kv_heads), group,
-                          shape.scale, part_o, part_m, part_l);
-      });
+      if (!tensor_cores)
+        dispatch_group(group, [&]<int G>() {
+          constexpr size_t smem = sizeof(float) * G * (2 * D + kSplit + kDecodeWarps * D + 4);
+          if constexpr (smem > 48 * 1024)
+            GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D, G>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          launch_overlapped(decode_split_kernel<T, D, G>, dim3(shape.kv_heads, num_seqs, blocks),
+                            dim3(kDecodeThreads), smem, stream, static_cast<const T*>(q.data), q.stride,
+                            static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache), kv.block_table,
+                            kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens,
+                            static_cast<int>(shape.kv_heads), group, shape.scale, part_o, part_m, part_l);
+        });
       launch_overlapped(decode_combine_kernel<T, D>, dim3(shape.q_heads, num_seqs), dim3(D), 0, stream,
                         static_cast<T*>(out.data), out.stride, seq_lens, static_cast<int>(shape.q_heads), blocks,
                         part_o, part_m, part_l);
     });
   });
+}
+
+}  // namespace
+
+bool attention_decode_uses_tensor_cores(ConstRows q, const PagedKv& kv, const AttentionShape& shape,
+                                        core::DType dtype) {
+  const int64_t group = shape.kv_heads > 0 ? shape.q_heads / shape.kv_heads : 0;
+  return group >= 2 && group <= 16 && attention_mma_operands_ok(q, kv, shape, dtype);
+}
+
+void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
+                      int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
+                      cudaStream_t stream) {
+  decode(DecodePath::automatic, out, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
+}
+
+void attention_decode_cuda_cores(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
+                                 int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
+                                 cudaStream_t stream) {
+  decode(DecodePath::cuda_cores, out, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
+}
+
+void attention_decode_tensor_cores(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens,
+                                   int64_t num_seqs, int64_t max_seq_len, const AttentionShape& shape, void* workspace,
+                                   core::DType dtype, cudaStream_t stream) {
+  decode(DecodePath::tensor_cores, out, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
 }
 
 void kv_cache_write(void* k_cache, void* v_cache, ConstRows k, ConstRows v, const int32_t* slots, int64_t tokens,

@@ -3,7 +3,7 @@
 //   attention_prefill  a chunk of queries per sequence, causal over everything cached before it
 //                      and within it (flash attention on tensor cores for bf16/fp16 at head_dim
 //                      64 and 128, scalar fp32 tiles otherwise; online softmax)
-//   attention_decode   one new query per sequence (split-K over pages)
+//   attention_decode   one new query per sequence (split-K over pages; GQA on tensor cores)
 //   kv_cache_write     scatter new keys/values into their cache slots
 // The paged cache of one layer holds K and V as [num_blocks, block_size, kv_heads, head_dim];
 // sequence s owns blocks block_table[s, 0..], so position p lives in slot
@@ -69,6 +69,20 @@ size_t attention_decode_workspace(int64_t num_seqs, int64_t max_seq_len, const A
 void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
                       int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
                       cudaStream_t stream);
+
+// attention_decode scores and weighs on tensor cores (mma.sync; P rounded to the activation type
+// before P·V) where 2 to 16 query heads share a kv head, for bf16/fp16 at head_dim 64 or 128 with
+// q and the cache 16-byte aligned; otherwise (and for one head per kv head, where CUDA cores keep
+// up with HBM) in fp32 on CUDA cores. Both paths are exposed so that tests and timings can
+// compare; the tensor-core one throws where it does not apply.
+bool attention_decode_uses_tensor_cores(ConstRows q, const PagedKv& kv, const AttentionShape& shape,
+                                        core::DType dtype);
+void attention_decode_cuda_cores(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
+                                 int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
+                                 cudaStream_t stream);
+void attention_decode_tensor_cores(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens,
+                                   int64_t num_seqs, int64_t max_seq_len, const AttentionShape& shape, void* workspace,
+                                   core::DType dtype, cudaStream_t stream);
 
 // k/v rows of `tokens` tokens ([kv_heads · head_dim] each) go to slots[t] (negative: skipped).
 void kv_cache_write(void* k_cache, void* v_cache, ConstRows k, ConstRows v, const int32_t* slots, int64_t tokens,

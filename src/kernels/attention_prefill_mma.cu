@@ -14,7 +14,7 @@
 
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
-#include "kernels/attention_prefill_mma.h"
+#include "kernels/attention_mma.h"
 #include "kernels/mma_ptx.h"
 
 namespace gpulab::kernels {
@@ -25,35 +25,15 @@ constexpr int kRows = 64, kKeys = 64, kWarps = 4, kThreads = 32 * kWarps;
 static_assert(kRows == 16 * kWarps, "each warp owns one 16-row mma tile of queries");
 static_assert(kKeys % 16 == 0, "key tiles are whole mma k-steps of P·V");
 
-// Rows in shared memory are padded by 16 bytes: the 8 row addresses of an ldmatrix (and of a
-// cp.async wave) then fall in 8 different bank groups.
-template <int D>
-constexpr int padded() {
-  return D + 8;
-}
 template <int D>
 constexpr size_t mma_smem_bytes() {
-  return sizeof(uint16_t) * 5 * kRows * padded<D>();  // Q, then K and V twice
+  return sizeof(uint16_t) * 5 * kRows * ldmatrix_pitch<D>();  // Q, then K and V twice
 }
 
 // Blocks that fit an SM by shared memory (5 tiles: 46 KiB at 64, 87 KiB at 128); registers are
 // capped to match (128 and 255 a thread).
 template <int D>
 constexpr int kBlocksPerSm = D == 64 ? 4 : 2;
-
-// Two floats rounded to T, packed low-first as an mma operand register or a 4-byte store.
-template <class T>
-__device__ inline uint32_t pack2(float lo, float hi) {
-  uint32_t bits;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    memcpy(&bits, &v, 4);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    memcpy(&bits, &v, 4);
-  }
-  return bits;
-}
 
 // Fragment ownership (PTX ISA, mma.m16n8k16): accumulator c[0..1] of lane L is row L/4,
 // columns 2(L%4) and +1; c[2..3] the same columns of row L/4 + 8.
@@ -62,7 +42,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>)
     prefill_mma_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
                        const int32_t* block_table, int64_t max_blocks, int block_size, const int32_t* cu_q,
                        const int32_t* kv_lens, int kv_heads, int group, float scale_log2) {
-  constexpr int kLd = padded<D>(), kTile = kRows * kLd;
+  constexpr int kLd = ldmatrix_pitch<D>(), kTile = kRows * kLd;
   constexpr int kChunks = D / 8;                // 16-byte chunks per row
   constexpr int kStep = kThreads / kChunks;     // rows per cp.async wave
   constexpr int kWaves = kKeys / kStep;         // waves per tile (Q: kRows / kStep, the same)
@@ -236,11 +216,13 @@ bool aligned(const void* p, int64_t stride_elems, int64_t elem_bytes, int64_t by
 
 bool attention_prefill_uses_tensor_cores(Rows out, ConstRows q, const PagedKv& kv, const AttentionShape& shape,
                                          core::DType dtype) {
+  return attention_mma_operands_ok(q, kv, shape, dtype) && aligned(out.data, out.stride, 2, 4);  // 4-byte pairs out
+}
+
+bool attention_mma_operands_ok(ConstRows q, const PagedKv& kv, const AttentionShape& shape, core::DType dtype) {
   if (dtype != core::DType::bf16 && dtype != core::DType::f16) return false;
   if (shape.head_dim != 64 && shape.head_dim != 128) return false;
-  // Q and the cache travel in 16-byte copies, the output in 4-byte pairs.
-  return aligned(q.data, q.stride, 2, 16) && aligned(out.data, out.stride, 2, 4) && aligned(kv.k_cache, 0, 2, 16) &&
-         aligned(kv.v_cache, 0, 2, 16);
+  return aligned(q.data, q.stride, 2, 16) && aligned(kv.k_cache, 0, 2, 16) && aligned(kv.v_cache, 0, 2, 16);
 }
 
 void attention_prefill_mma(Rows out, ConstRows q, const PagedKv& kv, const int32_t* cu_q, const int32_t* kv_lens,

@@ -1,13 +1,14 @@
 // The sm_80+ PTX that the tensor-core kernels share (gemm_mma.cu, attention_prefill_mma.cu,
-// skinny_gemm.cu): cp.async copies into shared memory, ldmatrix, m16n8k16 mma (and sm_89's e4m3
-// m16n8k32) with fp32 accumulators, and a one-instruction exp2. Device code only; include from
-// .cu files.
+// attention_decode_mma.cu, skinny_gemm.cu): cp.async copies into shared memory, ldmatrix,
+// m16n8k16 mma (and sm_89's e4m3 m16n8k32) with fp32 accumulators, operand packing and a
+// one-instruction exp2. Device code only; include from .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace gpulab::kernels {
@@ -26,6 +27,23 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\
 template <int N>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Two floats rounded to T (bf16 or fp16), packed low-first as an mma operand register or a
+// 4-byte store.
+template <class T>
+__device__ inline uint32_t pack2(float lo, float hi) {
+  const T v[2] = {static_cast<T>(lo), static_cast<T>(hi)};
+  uint32_t r;
+  memcpy(&r, v, 4);
+  return r;
+}
+
+// Elements per row of a [rows][D] tile of 16-bit values in shared memory: rows padded by 16
+// bytes put the 8 row addresses of an ldmatrix (and of a cp.async wave) in 8 different bank groups.
+template <int D>
+constexpr int ldmatrix_pitch() {
+  return D + 8;
 }
 
 // Volatile: the same address holds new data after a barrier (pipelined stages).

@@ -36,14 +36,6 @@ __device__ inline uint4 load_streaming(const void* p) {
 }
 
 template <class T>
-__device__ inline uint32_t pack2(float lo, float hi) {
-  const T v[2] = {static_cast<T>(lo), static_cast<T>(hi)};
-  uint32_t r;
-  memcpy(&r, v, 4);
-  return r;
-}
-
-template <class T>
 __device__ inline float unpack(uint32_t word, int half) {
   T v[2];
   memcpy(v, &word, 4);

@@ -63,10 +63,11 @@ TEST(SuitesGpu, Launch) { GPULAB_REQUIRE_GPU(); expect_sane("launch", 4); }
 TEST(SuitesGpu, Gemm) { GPULAB_REQUIRE_GPU(); expect_sane("gemm", 15); }
 // 80 GEMM rows (4 layers: the tensor-core kernel and cuBLASLt at 5 row counts, the GEMV on bf16
 // and on e4m3 weights at 1 and 2, W8A8 on the tensor-core kernel and on cuBLASLt at 4, 8 and 16),
-// then decode attention: 2 shapes x 2 batches x 2 contexts, in us and in GB/s.
+// then decode attention: 2 shapes x 2 paths (CUDA cores, tensor cores) x 2 batches x 2 contexts,
+// in us and in GB/s.
 TEST(SuitesGpu, Decode) {
   GPULAB_REQUIRE_GPU();
-  const nlohmann::json results = expect_sane("decode", 96);
+  const nlohmann::json results = expect_sane("decode", 112);
   int attention_rows = 0, fp8_rows = 0, w8a8_rows = 0;
   for (const auto& r : results) {
     const std::string name = r["name"].get<std::string>();
@@ -74,7 +75,7 @@ TEST(SuitesGpu, Decode) {
     fp8_rows += name.rfind("gemv_fp8_", 0) == 0;
     w8a8_rows += name.rfind("skinny_w8a8_", 0) == 0 || name.rfind("cublaslt_fp8_", 0) == 0;
   }
-  EXPECT_EQ(attention_rows, 16);
+  EXPECT_EQ(attention_rows, 32);
   EXPECT_EQ(fp8_rows, 8);
   EXPECT_EQ(w8a8_rows, 24);
 }

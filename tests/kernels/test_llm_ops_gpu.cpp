@@ -330,11 +330,13 @@ TEST(KernelsLlmGpu, PrefillAttentionTensorCoresVsScalarTiming) {
 }
 
 // One decode query per sequence over a randomly paged cache (queries inside fused QKV rows, a
-// padded output, a poisoned workspace), every output element against attention_ref. The kernel
-// computes in fp32 from the same rounded inputs as the reference, so beyond the output's one
-// rounding (rtol) only fp32 reordering noise is left: atol is the f32 one for every dtype.
-void check_decode(const AttentionCase& c, DType dt, const std::vector<int32_t>& lens, int64_t max_len,
-                  int64_t block_size, std::mt19937& rng) {
+// padded output, a poisoned workspace), every output element against attention_ref. The CUDA-core
+// kernel computes in fp32 from the same rounded inputs as the reference, so beyond the output's
+// one rounding (rtol) only fp32 reordering noise is left: atol is the f32 one for every dtype.
+// The tensor-core kernel rounds the softmax weights to dt, as prefill's does (tensor_core_atol).
+using DecodeFn = decltype(&attention_decode);
+void check_decode(DecodeFn decode, const AttentionCase& c, DType dt, const std::vector<int32_t>& lens,
+                  int64_t max_len, int64_t block_size, std::mt19937& rng) {
   const int64_t num_seqs = lens.size();
   const PagedCache pages(lens, block_size, rng);
   auto d_lens = upload_ints(lens);
@@ -348,16 +350,20 @@ void check_decode(const AttentionCase& c, DType dt, const std::vector<int32_t>& 
   core::DeviceBuffer<std::byte> ws(attention_decode_workspace(num_seqs, max_len, shape));
   GPULAB_CHECK(cudaMemset(ws.get(), 0xFF, ws.bytes()));
   const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, block_size};
-  attention_decode({out.get(), out_stride}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(),
-                   dt, nullptr);
+  const bool tensor_cores = decode == attention_decode_tensor_cores ||
+                            (decode == attention_decode &&
+                             attention_decode_uses_tensor_cores({q.get(), q_stride}, kv, shape, dt));
+  decode({out.get(), out_stride}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(), dt,
+         nullptr);
   std::vector<float> want(num_seqs * out_stride);
   for (int64_t s = 0; s < num_seqs; ++s) {
     const auto k = pages.gather(k_cache.host, s, lens[s], kvd), v = pages.gather(v_cache.host, s, lens[s], kvd);
     attention_ref(want.data() + s * out_stride, out_stride, q.host.data() + s * q_stride, q_stride, k.data(),
                   v.data(), kvd, 1, lens[s] - 1, shape, 8);
   }
-  expect_rows_close(out.download(), want, num_seqs, qd, out_stride, dt, 2e-5f,
-                    case_label("decode", c, dt) + " pages of " + std::to_string(block_size) + " max_len " +
+  expect_rows_close(out.download(), want, num_seqs, qd, out_stride, dt, tensor_cores ? tensor_core_atol(dt) : 2e-5f,
+                    case_label(tensor_cores ? "tensor-core decode" : "decode", c, dt) + " pages of " +
+                        std::to_string(block_size) + " max_len " +
                         std::to_string(max_len));
 }
 
@@ -378,7 +384,30 @@ TEST(KernelsLlmGpu, DecodeAttentionOverShuffledPages) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(17);
   for (const AttentionCase& c : kDecodeCases)
-    for (DType dt : kActivationTypes) check_decode(c, dt, kDecodeLens, 5000, 16, rng);
+    for (DType dt : kActivationTypes) check_decode(attention_decode, c, dt, kDecodeLens, 5000, 16, rng);
+}
+
+// Each path forced where attention_decode would take the other: CUDA cores for GQA in 16-bit
+// types, tensor cores for one query head per kv head and for groups that leave rows of the mma
+// tile empty (3, 12).
+TEST(KernelsLlmGpu, DecodeAttentionBothPaths) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  for (const AttentionCase& c : {AttentionCase{128, 32, 8}, AttentionCase{64, 16, 2}, AttentionCase{128, 64, 8}})
+    for (DType dt : {DType::bf16, DType::f16}) {
+      check_decode(attention_decode_cuda_cores, c, dt, kDecodeLens, 5000, 16, rng);
+      check_decode(attention_decode_tensor_cores, c, dt, kDecodeLens, 5000, 16, rng);
+    }
+  for (const AttentionCase& c : {AttentionCase{128, 32, 32}, AttentionCase{128, 12, 4}, AttentionCase{64, 48, 4}})
+    check_decode(attention_decode_tensor_cores, c, DType::bf16, kDecodeLens, 5000, 16, rng);
+  // What the tensor-core path does not take: f32, head_dim 256, more than 16 heads per kv head.
+  const PagedCache pages({5}, 16, rng);
+  const PagedKv kv{nullptr, nullptr, pages.d_table.get(), pages.max_blocks, 16};
+  EXPECT_FALSE(attention_decode_uses_tensor_cores({nullptr, 128 * 12}, kv, {32, 8, 128, 0.1f}, DType::f32));
+  EXPECT_FALSE(attention_decode_uses_tensor_cores({nullptr, 256 * 12}, kv, {32, 8, 256, 0.1f}, DType::bf16));
+  EXPECT_FALSE(attention_decode_uses_tensor_cores({nullptr, 128 * 34}, kv, {32, 1, 128, 0.1f}, DType::bf16));
+  EXPECT_FALSE(attention_decode_uses_tensor_cores({nullptr, 128 * 34}, kv, {32, 32, 128, 0.1f}, DType::bf16));
+  EXPECT_TRUE(attention_decode_uses_tensor_cores({nullptr, 128 * 48}, kv, {32, 8, 128, 0.1f}, DType::bf16));
 }
 
 // Pages that do not divide the 64-position split (7, 24) or hold more than one (128), so a split
@@ -391,10 +420,10 @@ TEST(KernelsLlmGpu, DecodeAttentionPageSizesAndSpareBlocks) {
   for (int64_t block_size : {7, 24, 128})
     for (const AttentionCase& c : {AttentionCase{128, 32, 32}, AttentionCase{128, 32, 8}, AttentionCase{64, 24, 2},
                                    AttentionCase{256, 4, 1}, AttentionCase{32, 4, 2}})
-      for (DType dt : {DType::bf16, DType::f16}) check_decode(c, dt, lens, 8192, block_size, rng);
+      for (DType dt : {DType::bf16, DType::f16}) check_decode(attention_decode, c, dt, lens, 8192, block_size, rng);
   // Blocks that merge several splits, over pages that straddle them.
   for (const AttentionCase& c : {AttentionCase{128, 32, 8}, AttentionCase{128, 32, 2}})
-    check_decode(c, DType::bf16, kDecodeLens, 5000, 24, rng);
+    check_decode(attention_decode, c, DType::bf16, kDecodeLens, 5000, 24, rng);
 }
 
 TEST(KernelsLlmGpu, KvCacheWriteScattersToSlots) {
