@@ -1,11 +1,16 @@
 #include "kernels/attention.h"
 
+#include <cooperative_groups.h>
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <string>
 
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 #include "kernels/attention_mma.h"
+#include "kernels/block_reduce.cuh"
+#include "kernels/fp8_quant.h"
 #include "kernels/pdl.h"
 
 namespace gpulab::kernels {
@@ -371,9 +376,29 @@ void dispatch_group(int group, F&& f) {
                     std::to_string(kMaxGroup) + ")");
 }
 
-// Combines the blocks' partial outputs of one (head, sequence) with their maxima and sums in one
-// pass (a running maximum, as within a block), so that the loads of several partials are in
-// flight together rather than three rounds of them. Thread i owns output element i.
+// Output element i of one (head, sequence) from the blocks' partials at base.. (`used` of them),
+// merged with a running maximum as within a block, in one pass so that the loads of several
+// partials are in flight together rather than three rounds of them.
+__device__ inline float combine_partials(const float* part_o, const float* part_m, const float* part_l,
+                                         int64_t base, int used, int head_dim, int i) {
+  float mx = -INFINITY, total = 0.f, acc = 0.f;
+#pragma unroll 4
+  for (int s = 0; s < used; ++s) {
+    const float m = part_m[base + s], l = part_l[base + s], o = part_o[(base + s) * head_dim + i];
+    const float m_new = fmaxf(mx, m), old_weight = expf(mx - m_new), weight = expf(m - m_new);
+    total = total * old_weight + l * weight;
+    acc = acc * old_weight + o * weight;
+    mx = m_new;
+  }
+  return used ? acc / total : 0.f;
+}
+
+// Blocks of a sequence that had a split (the others found the sequence shorter).
+__device__ inline int used_blocks(const int32_t* seq_lens, int seq, int blocks) {
+  return min(blocks, (seq_lens[seq] + kSplit - 1) / kSplit);
+}
+
+// Combines the blocks' partial outputs of one (head, sequence): thread i owns output element i.
 template <class T, int D>
 __global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_stride, const int32_t* seq_lens,
                                                            int q_heads, int blocks, const float* part_o,
@@ -381,18 +406,46 @@ __global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_s
   pdl_launch_dependents();
   pdl_wait();
   const int h = blockIdx.x, seq = blockIdx.y, i = threadIdx.x;
-  const int used = min(blocks, (seq_lens[seq] + kSplit - 1) / kSplit);  // blocks that had a split
   const int64_t base = (static_cast<int64_t>(seq) * q_heads + h) * blocks;
-  float mx = -INFINITY, total = 0.f, acc = 0.f;
-#pragma unroll 4
-  for (int s = 0; s < used; ++s) {
-    const float m = part_m[base + s], l = part_l[base + s], o = part_o[(base + s) * D + i];
-    const float m_new = fmaxf(mx, m), old_weight = expf(mx - m_new), weight = expf(m - m_new);
-    total = total * old_weight + l * weight;
-    acc = acc * old_weight + o * weight;
-    mx = m_new;
-  }
-  out[seq * out_stride + h * D + i] = static_cast<T>(used ? acc / total : 0.f);
+  out[seq * out_stride + h * D + i] =
+      static_cast<T>(combine_partials(part_o, part_m, part_l, base, used_blocks(seq_lens, seq, blocks), D, i));
+}
+
+// decode_combine_kernel for an e4m3 output (a W8A8 o_proj's input): the values it would write in
+// T, each row then quantized with its own scale as fp8_quantize does, bit for bit, in one kernel
+// rather than two. A cluster of kCombineCluster blocks per sequence, each a share of the row's
+// elements; the shares' maxima meet through distributed shared memory. The values are computed
+// twice (for the maximum, then for the bytes) rather than held, so that any width fits.
+constexpr int kCombineCluster = 8, kCombineThreads = 256;
+
+template <class T, int D>
+__global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombineThreads)
+    decode_combine_fp8_kernel(__nv_fp8_storage_t* out, float* scales, const int32_t* seq_lens, int q_heads,
+                              int blocks, const float* part_o, const float* part_m, const float* part_l) {
+  pdl_launch_dependents();
+  pdl_wait();
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int seq = blockIdx.x / kCombineCluster, used = used_blocks(seq_lens, seq, blocks);
+  const int width = q_heads * D, share = (width + kCombineCluster - 1) / kCombineCluster;
+  const int begin = cluster.block_rank() * share, end = min(width, begin + share);
+  const auto value = [&](int e) {  // element e of the row, rounded to T as decode_combine_kernel writes it
+    const int64_t base = (static_cast<int64_t>(seq) * q_heads + e / D) * blocks;
+    return static_cast<float>(static_cast<T>(combine_partials(part_o, part_m, part_l, base, used, D, e % D)));
+  };
+  float amax = 0.f;
+  for (int e = begin + threadIdx.x; e < end; e += kCombineThreads) amax = fmaxf(amax, fabsf(value(e)));
+  __shared__ float share_amax;
+  amax = block_max<kCombineThreads>(amax);
+  if (threadIdx.x == 0) share_amax = amax;
+  cluster.sync();  // every share's maximum is in
+#pragma unroll
+  for (int b = 0; b < kCombineCluster; ++b) amax = fmaxf(amax, *cluster.map_shared_rank(&share_amax, b));
+  cluster.sync();  // no block leaves while another may still read its maximum
+  const float scale = fp8_scale_for_amax(amax);
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) scales[seq] = scale;
+  for (int e = begin + threadIdx.x; e < end; e += kCombineThreads)
+    out[static_cast<int64_t>(seq) * width + e] = fp8_quantize_value(value(e), scale);
 }
 
 template <class T>
@@ -446,8 +499,15 @@ namespace {
 
 enum class DecodePath { automatic, cuda_cores, tensor_cores };
 
-void decode(DecodePath path, Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
-            int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
+// The output: rows of dtype, or (fp8 set) e4m3 rows and a scale per row.
+struct DecodeOut {
+  Rows rows;
+  void* fp8 = nullptr;
+  float* scales = nullptr;
+};
+
+void decode(DecodePath path, const DecodeOut& out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens,
+            int64_t num_seqs, int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
             cudaStream_t stream) {
   check_shape(shape);
   if (num_seqs == 0) return;
@@ -482,9 +542,14 @@ void decode(DecodePath path, Rows out, ConstRows q, const PagedKv& kv, const int
                             kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens,
                             static_cast<int>(shape.kv_heads), group, shape.scale, part_o, part_m, part_l);
         });
-      launch_overlapped(decode_combine_kernel<T, D>, dim3(shape.q_heads, num_seqs), dim3(D), 0, stream,
-                        static_cast<T*>(out.data), out.stride, seq_lens, static_cast<int>(shape.q_heads), blocks,
-                        part_o, part_m, part_l);
+      if (out.fp8)
+        launch_overlapped(decode_combine_fp8_kernel<T, D>, dim3(num_seqs * kCombineCluster), dim3(kCombineThreads),
+                          0, stream, static_cast<__nv_fp8_storage_t*>(out.fp8), out.scales, seq_lens,
+                          static_cast<int>(shape.q_heads), blocks, part_o, part_m, part_l);
+      else
+        launch_overlapped(decode_combine_kernel<T, D>, dim3(shape.q_heads, num_seqs), dim3(D), 0, stream,
+                          static_cast<T*>(out.rows.data), out.rows.stride, seq_lens, static_cast<int>(shape.q_heads),
+                          blocks, part_o, part_m, part_l);
     });
   });
 }
@@ -500,19 +565,26 @@ bool attention_decode_uses_tensor_cores(ConstRows q, const PagedKv& kv, const At
 void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
                       int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
                       cudaStream_t stream) {
-  decode(DecodePath::automatic, out, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
+  decode(DecodePath::automatic, {out}, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
+}
+
+void attention_decode_fp8(void* out, float* scales, ConstRows q, const PagedKv& kv, const int32_t* seq_lens,
+                          int64_t num_seqs, int64_t max_seq_len, const AttentionShape& shape, void* workspace,
+                          core::DType dtype, cudaStream_t stream) {
+  decode(DecodePath::automatic, {{nullptr, 0}, out, scales}, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace,
+         dtype, stream);
 }
 
 void attention_decode_cuda_cores(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens, int64_t num_seqs,
                                  int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
                                  cudaStream_t stream) {
-  decode(DecodePath::cuda_cores, out, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
+  decode(DecodePath::cuda_cores, {out}, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
 }
 
 void attention_decode_tensor_cores(Rows out, ConstRows q, const PagedKv& kv, const int32_t* seq_lens,
                                    int64_t num_seqs, int64_t max_seq_len, const AttentionShape& shape, void* workspace,
                                    core::DType dtype, cudaStream_t stream) {
-  decode(DecodePath::tensor_cores, out, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
+  decode(DecodePath::tensor_cores, {out}, q, kv, seq_lens, num_seqs, max_seq_len, shape, workspace, dtype, stream);
 }
 
 void kv_cache_write(void* k_cache, void* v_cache, ConstRows k, ConstRows v, const int32_t* slots, int64_t tokens,

@@ -70,6 +70,13 @@ void attention_decode(Rows out, ConstRows q, const PagedKv& kv, const int32_t* s
                       int64_t max_seq_len, const AttentionShape& shape, void* workspace, core::DType dtype,
                       cudaStream_t stream);
 
+// attention_decode with its output quantized to e4m3 with a scale per row, as fp8_quantize's row
+// granularity quantizes the dtype rows attention_decode writes (bit for bit): out [num_seqs,
+// q_heads · head_dim] bytes, scales [num_seqs] floats. The input of a W8A8 o_proj.
+void attention_decode_fp8(void* out, float* scales, ConstRows q, const PagedKv& kv, const int32_t* seq_lens,
+                          int64_t num_seqs, int64_t max_seq_len, const AttentionShape& shape, void* workspace,
+                          core::DType dtype, cudaStream_t stream);
+
 // attention_decode scores and weighs on tensor cores (mma.sync; P rounded to the activation type
 // before P·V) where 2 to 16 query heads share a kv head, for bf16/fp16 at head_dim 64 or 128 with
 // q and the cache 16-byte aligned; otherwise (and for one head per kv head, where CUDA cores keep

@@ -223,7 +223,8 @@ struct CudaEngine::Impl {
   }
 
   // Whether a pass of n rows, `prefills` of them prefill chunks, runs `which` layers on
-  // skinny_gemm (o_proj: o_proj at least; w8a8: the fp8 layers on its W8A8 kernel).
+  // skinny_gemm (plain: every layer, at least with plain inputs; w8a8: the fp8 layers on its W8A8
+  // kernel).
   bool skinny_pass(int64_t n, int64_t prefills, DecodeSkinny which = DecodeSkinny::all) const {
     const bool layers = which == DecodeSkinny::w8a8 || skinny_decode == DecodeSkinny::w8a8
                             ? skinny_decode == which
@@ -518,9 +519,17 @@ struct CudaEngine::Impl {
     const float eps = static_cast<float>(c.rms_norm_eps);
     const bool skinny = skinny_pass(n, prefills);  // the norms and the SwiGLU gate go into the GEMMs
     const bool w8a8 = skinny_pass(n, prefills, DecodeSkinny::w8a8);
-    // W8A8 with a scale per token: the norms and the SwiGLU gate write their e4m3 rows themselves
-    // (rmsnorm_fp8, silu_mul_fp8: bit for bit the separate quantization, one kernel fewer each).
+    // W8A8 with a scale per token: the norms, decode attention and the SwiGLU gate write their e4m3
+    // rows themselves (rmsnorm_fp8, attention_decode_fp8, silu_mul_fp8: bit for bit the separate
+    // quantization, one kernel fewer each).
     const bool fused_fp8 = w8a8 && opt.fp8_activations == Fp8ActivationScale::token;
+    // y = in·Wᵀ for an input already normed or gated: on skinny_gemm where the pass takes its
+    // plain inputs (DecodeSkinny::plain), else linear().
+    const bool plain = skinny_pass(n, prefills, DecodeSkinny::plain);
+    const auto dense = [&](const Linear& L, const bf16* in, void* y, DType y_type, float beta) {
+      if (plain) skinny_linear(L, {in}, y, y_type, n, beta);
+      else linear(L, in, y, y_type, n, beta, w8a8);
+    };
     const auto normed = [&](size_t norm) {
       return kernels::SkinnyInput{x.get(), kernels::SkinnyPrologue::rmsnorm, w(norm), eps};
     };
@@ -535,7 +544,7 @@ struct CudaEngine::Impl {
         w8a8_linear(L.qkv, qkv.get(), kAct, n, 0.f);
       } else {
         kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.attn_norm), n, h, eps, *stream);
-        linear(L.qkv, xn.get(), qkv.get(), kAct, n, 0.f, w8a8);
+        dense(L.qkv, xn.get(), qkv.get(), kAct, 0.f);
       }
       if (c.qkv_bias) kernels::bias_add(qkv.get(), w(L.qkv_bias), n, qkv_width, kAct, *stream);
       bf16* q = qkv.get();
@@ -546,7 +555,10 @@ struct CudaEngine::Impl {
                     inv_freq.get(), n, c.head_dim, kAct, *stream, &cache);
       const kernels::PagedKv paged{k_cache(l), v_cache(l), dmeta(meta_at.block_table), max_blocks_per_seq,
                                    opt.block_size};
-      if (decodes > 0)
+      if (decodes > 0 && fused_fp8)  // o_proj's e4m3 input straight from the combine (all rows decode here)
+        kernels::attention_decode_fp8(act_q.get(), act_scales.get(), {q, qkv_width}, paged, dmeta(meta_at.seq_lens),
+                                      decodes, max_seq_len, shape, decode_ws.get(), kAct, *stream);
+      else if (decodes > 0)
         kernels::attention_decode({attn.get(), qd}, {q, qkv_width}, paged, dmeta(meta_at.seq_lens), decodes,
                                   max_seq_len, shape, decode_ws.get(), kAct, *stream);
       if (prefills > 0) {
@@ -556,10 +568,8 @@ struct CudaEngine::Impl {
                                    dmeta(meta_at.cu_q), dmeta(meta_at.seq_lens) + decodes, prefills, max_chunk, shape,
                                    kAct, *stream);
       }
-      if (skinny_pass(n, prefills, DecodeSkinny::o_proj))  // x += attn · Woᵀ
-        skinny_linear(L.o, {attn.get()}, x.get(), DType::f32, n, residual_beta());
-      else
-        linear(L.o, attn.get(), x.get(), DType::f32, n, residual_beta(), w8a8);
+      if (fused_fp8) w8a8_linear(L.o, x.get(), DType::f32, n, residual_beta());  // x += attn · Woᵀ
+      else dense(L.o, attn.get(), x.get(), DType::f32, residual_beta());
       if (c.o_bias && part.shard.rank == 0) kernels::bias_add(x.get(), weights.get() + L.o_bias, n, h, DType::f32, *stream);
       all_reduce_residual(n);
       if (skinny) {  // x += mlp
@@ -574,9 +584,9 @@ struct CudaEngine::Impl {
         w8a8_linear(L.down, x.get(), DType::f32, n, residual_beta());  // x += mlp
       } else {
         kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
-        linear(L.gate_up, xn.get(), gate_up.get(), kAct, n, 0.f, w8a8);
+        dense(L.gate_up, xn.get(), gate_up.get(), kAct, 0.f);
         kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
-        linear(L.down, act.get(), x.get(), DType::f32, n, residual_beta(), w8a8);  // x += mlp
+        dense(L.down, act.get(), x.get(), DType::f32, residual_beta());  // x += mlp
       }
       all_reduce_residual(n);
     }
@@ -841,13 +851,13 @@ DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig&
   if (all == false) return DecodeSkinny::none;
   if (w == DType::f8e4m3) return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::w8a8;
   if (all == true) return DecodeSkinny::all;
-  return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::o_proj;
+  return takes(kernels::skinny_gemv_fits) ? DecodeSkinny::all : DecodeSkinny::plain;
 }
 
 const char* to_string(DecodeSkinny which) {
   switch (which) {
     case DecodeSkinny::none: return "cublaslt";
-    case DecodeSkinny::o_proj: return "cublaslt+skinny_o_proj";
+    case DecodeSkinny::plain: return "skinny_plain";
     case DecodeSkinny::all: return "skinny";
     case DecodeSkinny::w8a8: return "cublaslt+skinny_w8a8";
   }

@@ -40,9 +40,11 @@ struct EngineOptions {
   // kernels::skinny_gemm (the norms and the SwiGLU gate fused into it) instead of cuBLASLt.
   // Unset (decode_skinny_gemm): every layer where its GEMV kernel takes the decode pass
   // (max_batch ≤ kernels::kGemvMaxRows): on the H200, 7B batch 1, 3.69-3.75 against 4.33-4.37 ms
-  // a step on cuBLASLt (session 9); above that, up to 16 rows, o_proj alone on its tensor-core
-  // kernel: 3.6-4.4 % off a batch-8 step, 0.5-1.9 % at 16 (session 10), while every layer on it
-  // lost to cuBLASLt there (batch 8 / 16: 5.26 / 7.22 against 4.74 / 5.01 ms, session 9).
+  // a step on cuBLASLt (session 9); above that, up to 16 rows, every layer on its tensor-core
+  // kernel for plain inputs, the norms and the gate as kernels of their own (DecodeSkinny::plain):
+  // batch 4 / 8 / 16 3.849 / 4.046 / 4.575 ms against 4.271 / 4.406 / 4.719 on cuBLASLt with o_proj
+  // alone on it, LLaMA-3-8B batch 16 4.621 against 4.843 (session 18). With the norms and the gate
+  // fused into its other kernel, every layer lost to cuBLASLt there (session 9).
   // true / false: every layer up to 16 rows / none. fp8 weights run on the GEMV weight-only (the
   // bf16 activations not quantized) where it takes max_batch rows, else on the W8A8 tensor-core
   // kernel (DecodeSkinny::w8a8), by default and with true.
@@ -82,13 +84,15 @@ bool residual_wants_symmetric_memory(const EngineOptions& options);
 
 // Which linear layers of an engine's decode passes run on kernels::skinny_gemm rather than
 // cuBLASLt (EngineOptions::skinny_gemm, GPULAB_SKINNY_GEMM): only with a single GPU,
-// max_batch ≤ 16 and rows of whole 16-byte pieces. none, o_proj and all are ordered: each takes
-// in the layers of the one before. fp8 weights take all (the GEMV, weight-only) where the GEMV
-// takes max_batch rows, and above that w8a8: the four linear layers on skinny_gemm's e4m3
-// tensor-core kernel, their inputs quantized as for cuBLASLt, everything else as with none.
-enum class DecodeSkinny { none, o_proj, all, w8a8 };
+// max_batch ≤ 16 and rows of whole 16-byte pieces. none: every layer on cuBLASLt; plain: every
+// layer on skinny_gemm, its input normed or gated by a kernel before (the tensor-core kernel for
+// plain inputs); all: the same, the norms and the gate fused into skinny_gemm (the GEMV where it
+// takes the rows). fp8 weights take all (the GEMV, weight-only) where the GEMV takes max_batch
+// rows, and above that w8a8: the four linear layers on skinny_gemm's e4m3 tensor-core kernel,
+// their inputs quantized as for cuBLASLt, everything else as with none.
+enum class DecodeSkinny { none, plain, all, w8a8 };
 DecodeSkinny decode_skinny_gemm(const EngineOptions& options, const LlamaConfig& model);
-// "cublaslt", "cublaslt+skinny_o_proj", "skinny", "cublaslt+skinny_w8a8"
+// "cublaslt", "skinny_plain", "skinny", "cublaslt+skinny_w8a8"
 const char* to_string(DecodeSkinny which);
 
 class CudaEngine final : public Engine {

@@ -98,8 +98,9 @@ Quantized quantized(int64_t rows, int64_t cols, Run&& run) {
 TEST(Fp8QuantGpu, FusedNormAndGateQuantizeAsTheTwoKernels) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(23);
-  // Rows up to and past rmsnorm's cached length (8192), odd lengths, a decode step's few rows.
-  for (int64_t cols : {128, 4096, 5003, 8192, 11008, 13000})
+  // Rows up to and past rmsnorm's cached length (8192), odd lengths (silu_mul_fp8 then loads one
+  // element at a time), LLaMA-2-70B's 28672 (two of silu_mul_fp8's batches), a decode step's few rows.
+  for (int64_t cols : {128, 4096, 5003, 8192, 11008, 13000, 28672})
     for (int64_t rows : {1, 16}) {
       for (DType dt : {DType::bf16, DType::f16}) {
         const std::string what = testing::dtype_label(dt) + " " + std::to_string(rows) + "x" + std::to_string(cols);

@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/bias_add.h"
 #include "kernels/embedding.h"
+#include "kernels/fp8_quant.h"
 #include "kernels/llm_ops_testing.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -408,6 +409,49 @@ TEST(KernelsLlmGpu, DecodeAttentionBothPaths) {
   EXPECT_FALSE(attention_decode_uses_tensor_cores({nullptr, 128 * 34}, kv, {32, 1, 128, 0.1f}, DType::bf16));
   EXPECT_FALSE(attention_decode_uses_tensor_cores({nullptr, 128 * 34}, kv, {32, 32, 128, 0.1f}, DType::bf16));
   EXPECT_TRUE(attention_decode_uses_tensor_cores({nullptr, 128 * 48}, kv, {32, 8, 128, 0.1f}, DType::bf16));
+}
+
+// attention_decode_fp8 against attention_decode then fp8_quantize per row: the same bytes and
+// scales, with the split pass on tensor cores (GQA, LLaMA-2-70B's 64/8 heads among them) and on
+// CUDA cores (one query head per kv head), every byte written.
+TEST(KernelsLlmGpu, DecodeAttentionFp8QuantizesAsTheTwoKernels) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(22);
+  const std::vector<int32_t>& lens = kDecodeLens;
+  const int64_t num_seqs = lens.size(), block_size = 16, max_len = 5000;
+  auto d_lens = upload_ints(lens);
+  for (const AttentionCase& c : {AttentionCase{128, 64, 8}, AttentionCase{128, 32, 32}, AttentionCase{64, 12, 4}})
+    for (DType dt : {DType::bf16, DType::f16}) {
+      const std::string what = case_label("decode fp8", c, dt);
+      const PagedCache pages(lens, block_size, rng);
+      const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+      const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim, q_stride = qd + 2 * kvd;
+      DeviceTensor k_cache(uniform(pages.total_blocks * block_size * kvd, rng, -2, 2), dt);
+      DeviceTensor v_cache(uniform(pages.total_blocks * block_size * kvd, rng, -2, 2), dt);
+      DeviceTensor q(uniform(num_seqs * q_stride, rng, -2, 2), dt);
+      const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, block_size};
+      core::DeviceBuffer<std::byte> ws(attention_decode_workspace(num_seqs, max_len, shape));
+      auto out = DeviceTensor::poisoned(num_seqs * qd, dt);
+      core::DeviceBuffer<uint8_t> two_q(num_seqs * qd), one_q(num_seqs * qd);
+      core::DeviceBuffer<float> two_s(num_seqs), one_s(num_seqs);
+      GPULAB_CHECK(cudaMemset(one_q.get(), 0xFF, one_q.bytes()));
+      GPULAB_CHECK(cudaMemset(one_s.get(), 0xFF, one_s.bytes()));
+      attention_decode({out.get(), qd}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(), dt,
+                       nullptr);
+      fp8_quantize(two_q.get(), two_s.get(), out.get(), dt, num_seqs, qd, Fp8Granularity::row, nullptr, nullptr);
+      attention_decode_fp8(one_q.get(), one_s.get(), {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape,
+                           ws.get(), dt, nullptr);
+      std::vector<uint8_t> one(num_seqs * qd), two(num_seqs * qd);
+      std::vector<float> one_scales(num_seqs), two_scales(num_seqs);
+      GPULAB_CHECK(cudaMemcpy(one.data(), one_q.get(), one_q.bytes(), cudaMemcpyDeviceToHost));
+      GPULAB_CHECK(cudaMemcpy(two.data(), two_q.get(), two_q.bytes(), cudaMemcpyDeviceToHost));
+      GPULAB_CHECK(cudaMemcpy(one_scales.data(), one_s.get(), one_s.bytes(), cudaMemcpyDeviceToHost));
+      GPULAB_CHECK(cudaMemcpy(two_scales.data(), two_s.get(), two_s.bytes(), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(one, two) << what;
+      EXPECT_EQ(one_scales, two_scales) << what;
+      // 0x7F / 0xFF, the poison, are e4m3 NaN: none left means every byte was written.
+      EXPECT_EQ(std::count_if(one.begin(), one.end(), [](uint8_t b) { return (b & 0x7F) == 0x7F; }), 0) << what;
+    }
 }
 
 // Pages that do not divide the 64-position split (7, 24) or hold more than one (128), so a split

@@ -568,10 +568,10 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
   if (which(16, true) != DecodeSkinny::all) GTEST_SKIP() << "skinny_gemm is switched off (GPULAB_SKINNY_GEMM=0)";
   EXPECT_EQ(which(17, true), DecodeSkinny::none);
   EXPECT_EQ(which(16, false), DecodeSkinny::none);
-  if (!core::env_switch("GPULAB_SKINNY_GEMM")) {  // unset: all where the GEMV takes the pass, else o_proj
+  if (!core::env_switch("GPULAB_SKINNY_GEMM")) {  // unset: all where the GEMV takes the pass, else plain
     EXPECT_EQ(which(kernels::kGemvMaxRows, std::nullopt), DecodeSkinny::all);
-    EXPECT_EQ(which(kernels::kGemvMaxRows + 1, std::nullopt), DecodeSkinny::o_proj);
-    EXPECT_EQ(which(16, std::nullopt), DecodeSkinny::o_proj);
+    EXPECT_EQ(which(kernels::kGemvMaxRows + 1, std::nullopt), DecodeSkinny::plain);
+    EXPECT_EQ(which(16, std::nullopt), DecodeSkinny::plain);
     EXPECT_EQ(which(17, std::nullopt), DecodeSkinny::none);
   }
   const auto cases = testing::load_fixture_cases("llama_tiny");
@@ -584,7 +584,7 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
     CudaEngine eager(source, decode_batch(batch, true, false));
     const auto got = teacher_forced(skinny, prompts), want = teacher_forced(cublas, prompts);
     const auto got_eager = teacher_forced(eager, prompts);
-    // Above the GEMV's rows, the default runs o_proj alone on skinny_gemm.
+    // Above the GEMV's rows, the default runs every layer on skinny_gemm's plain-input kernel.
     std::optional<CudaEngine> mixed;
     if (batch > kernels::kGemvMaxRows) mixed.emplace(source, decode_batch(batch, std::nullopt));
     const auto got_mixed = mixed ? teacher_forced(*mixed, prompts) : got;
@@ -597,7 +597,7 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
       const Agreement a = compare_logits(mine, theirs, V), f = compare_logits(mine, from_first(cases[i].logits), V);
       const Agreement o = compare_logits(from_first(got_mixed[i]), theirs, V);
       std::printf("batch %lld case %zu: skinny vs cuBLASLt rel L2 %.2e top-1 %lld/%lld; vs float32 rel L2 %.2e; "
-                  "o_proj alone on skinny vs cuBLASLt %.2e\n",
+                  "plain inputs on skinny vs cuBLASLt %.2e\n",
                   (long long)batch, i, a.rel_l2, (long long)a.top1_agree, (long long)a.rows, f.rel_l2, o.rel_l2);
       EXPECT_LE(a.rel_l2, 5e-3) << "batch " << batch << " case " << i;
       EXPECT_LE(f.rel_l2, 2e-2) << "batch " << batch << " case " << i;
