@@ -1,6 +1,5 @@
 #include "kernels/attention.h"
 
-#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -424,8 +423,7 @@ __global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombi
                               int blocks, const float* part_o, const float* part_m, const float* part_l) {
   pdl_launch_dependents();
   pdl_wait();
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int seq = blockIdx.x / kCombineCluster, used = used_blocks(seq_lens, seq, blocks);
   const int width = q_heads * D, share = (width + kCombineCluster - 1) / kCombineCluster;
   const int begin = cluster.block_rank() * share, end = min(width, begin + share);
@@ -435,14 +433,7 @@ __global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombi
   };
   float amax = 0.f;
   for (int e = begin + threadIdx.x; e < end; e += kCombineThreads) amax = fmaxf(amax, fabsf(value(e)));
-  __shared__ float share_amax;
-  amax = block_max<kCombineThreads>(amax);
-  if (threadIdx.x == 0) share_amax = amax;
-  cluster.sync();  // every share's maximum is in
-#pragma unroll
-  for (int b = 0; b < kCombineCluster; ++b) amax = fmaxf(amax, *cluster.map_shared_rank(&share_amax, b));
-  cluster.sync();  // no block leaves while another may still read its maximum
-  const float scale = fp8_scale_for_amax(amax);
+  const float scale = fp8_scale_for_amax(cluster_max<kCombineThreads, kCombineCluster>(amax));
   if (cluster.block_rank() == 0 && threadIdx.x == 0) scales[seq] = scale;
   for (int e = begin + threadIdx.x; e < end; e += kCombineThreads)
     out[static_cast<int64_t>(seq) * width + e] = fp8_quantize_value(value(e), scale);

@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "kernels/attention_mma.h"
 #include "kernels/mma_ptx.h"
+#include "kernels/paged_gather.cuh"
 #include "kernels/pdl.h"
 
 namespace gpulab::kernels {
@@ -47,12 +48,9 @@ __global__ void __launch_bounds__(kThreads)
                       float scale, float* part_o, float* part_m, float* part_l) {
   using Smem = DecodeMmaSmem<D>;
   constexpr int kLd = Smem::kLd, kPd = Smem::kPd;
-  constexpr int kChunks = D / 8;             // 16-byte chunks per row
-  constexpr int kStep = kThreads / kChunks;  // rows per cp.async wave
-  constexpr int kWaves = kSplit / kStep;     // waves per split
-  constexpr int kCols = D / kWarps;          // output columns per warp
-  static_assert(kThreads % kChunks == 0 && kSplit % kStep == 0 && kHeadRows % kStep == 0 && kCols % 16 == 0,
-                "whole copy waves and whole ldmatrix tiles");
+  using Gather = PagedGather<T, D, kThreads, kSplit>;
+  constexpr int kCols = D / kWarps;  // output columns per warp
+  static_assert(kHeadRows % Gather::kStep == 0 && kCols % 16 == 0, "whole copy waves and whole ldmatrix tiles");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kHeadRows][kLd]
   T* ks = qs + kHeadRows * kLd;            // [kSplit][kLd]
@@ -69,37 +67,19 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* table = block_table + seq * max_blocks;
   const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = 2^(x·log2(e))
 
-  // This thread copies 16-byte chunk `chunk` of rows row0, row0 + kStep, ...
-  const int chunk = tid % kChunks, row0 = tid / kChunks;
+  Gather gather;  // this split's K and V (K finds the slots, V reuses them)
+  // Q in the same waves: the group's heads, zero past it.
 #pragma unroll
-  for (int r = row0; r < kHeadRows; r += kStep) {
+  for (int r = gather.row0; r < kHeadRows; r += Gather::kStep) {
     const bool ok = r < group;
-    const T* src = ok ? q + seq * q_stride + static_cast<int64_t>(kvh * group + r) * D + chunk * 8 : q;
-    cp_async16_or_zero(smem_addr(qs + r * kLd + chunk * 8), src, ok);
+    const T* src = ok ? q + seq * q_stride + static_cast<int64_t>(kvh * group + r) * D + gather.chunk * 8 : q;
+    cp_async16_or_zero(smem_addr(qs + r * kLd + gather.chunk * 8), src, ok);
   }
-  // Cache slots of this thread's rows of a split (K finds them, V reuses them); rows past the
-  // sequence load zeros, so that masked positions meet finite values.
-  int slots[kWaves];
-  auto find_slots = [&](int s0) {
-#pragma unroll
-    for (int w = 0; w < kWaves; ++w) {
-      const int pos = s0 + row0 + w * kStep;
-      slots[w] = pos < len ? table[pos / block_size] * block_size + pos % block_size : -1;
-    }
-  };
-  auto load_split = [&](const T* cache, T* dst) {
-#pragma unroll
-    for (int w = 0; w < kWaves; ++w) {
-      const bool ok = slots[w] >= 0;
-      const T* src = ok ? cache + (static_cast<int64_t>(slots[w]) * kv_heads + kvh) * D + chunk * 8 : cache;
-      cp_async16_or_zero(smem_addr(dst + (row0 + w * kStep) * kLd + chunk * 8), src, ok);
-    }
-  };
   int split = first;
-  find_slots(split * kSplit);
-  load_split(k_cache, ks);
+  gather.find(table, block_size, split * kSplit, len);
+  gather.load(k_cache, kv_heads, kvh, ks);
   cp_async_commit();  // group: Q and K
-  load_split(v_cache, vs);
+  gather.load(v_cache, kv_heads, kvh, vs);
   cp_async_commit();  // group: V
   cp_async_wait<1>();
   __syncthreads();
@@ -139,8 +119,8 @@ __global__ void __launch_bounds__(kThreads)
     const int next = split + blocks;
     const bool more = next * kSplit < len;
     if (more) {
-      find_slots(next * kSplit);
-      load_split(k_cache, ks);
+      gather.find(table, block_size, next * kSplit, len);
+      gather.load(k_cache, kv_heads, kvh, ks);
     }
     cp_async_commit();  // group: the next split's K (possibly empty)
 
@@ -199,7 +179,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (!more) break;
     __syncthreads();  // V and P are consumed
-    load_split(v_cache, vs);
+    gather.load(v_cache, kv_heads, kvh, vs);
     cp_async_commit();  // group: the next split's V
     split = next;
     cp_async_wait<1>();

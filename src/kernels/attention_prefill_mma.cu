@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "kernels/attention_mma.h"
 #include "kernels/mma_ptx.h"
+#include "kernels/paged_gather.cuh"
 
 namespace gpulab::kernels {
 
@@ -43,10 +44,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>)
                        const int32_t* block_table, int64_t max_blocks, int block_size, const int32_t* cu_q,
                        const int32_t* kv_lens, int kv_heads, int group, float scale_log2) {
   constexpr int kLd = ldmatrix_pitch<D>(), kTile = kRows * kLd;
-  constexpr int kChunks = D / 8;                // 16-byte chunks per row
-  constexpr int kStep = kThreads / kChunks;     // rows per cp.async wave
-  constexpr int kWaves = kKeys / kStep;         // waves per tile (Q: kRows / kStep, the same)
-  static_assert(kThreads % kChunks == 0 && kKeys % kStep == 0 && kRows == kKeys, "whole waves per tile");
+  using Gather = PagedGather<T, D, kThreads, kKeys>;
+  static_assert(kRows == kKeys, "Q travels in the same waves as a key tile");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][kLd]
   T* ks = qs + kTile;                      // [2][kKeys][kLd]
@@ -64,37 +63,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>)
   const int kv_end = min(kv_len, past + q0 + kRows);  // causal: no key past the tile's last query
   const int tiles = (kv_end + kKeys - 1) / kKeys;
 
-  // This thread copies 16-byte chunk `chunk` of rows row0, row0 + kStep, ...
-  const int chunk = tid % kChunks, row0 = tid / kChunks;
+  Gather gather;  // the tile being loaded (K finds the slots, V reuses them)
+  // Q in the same waves.
 #pragma unroll
-  for (int w = 0; w < kWaves; ++w) {
-    const int r = row0 + w * kStep;
+  for (int w = 0; w < Gather::kWaves; ++w) {
+    const int r = gather.row0 + w * Gather::kStep;
     const bool ok = q0 + r < len;
-    const T* src = ok ? q + (start + q0 + r) * q_stride + h * D + chunk * 8 : q;
-    cp_async16_or_zero(smem_addr(qs + r * kLd + chunk * 8), src, ok);
+    const T* src = ok ? q + (start + q0 + r) * q_stride + h * D + gather.chunk * 8 : q;
+    cp_async16_or_zero(smem_addr(qs + r * kLd + gather.chunk * 8), src, ok);
   }
-  // Cache slots of this thread's rows of the tile being loaded (K first, then V reuses them);
-  // positions past kv_len load zeros, so that masked keys meet finite values.
-  int slots[kWaves];
-  auto find_slots = [&](int k0) {
-#pragma unroll
-    for (int w = 0; w < kWaves; ++w) {
-      const int pos = k0 + row0 + w * kStep;
-      slots[w] = pos < kv_len ? table[pos / block_size] * block_size + pos % block_size : -1;
-    }
-  };
-  auto load_tile = [&](const T* cache, T* dst) {
-#pragma unroll
-    for (int w = 0; w < kWaves; ++w) {
-      const bool ok = slots[w] >= 0;
-      const T* src = ok ? cache + (static_cast<int64_t>(slots[w]) * kv_heads + kvh) * D + chunk * 8 : cache;
-      cp_async16_or_zero(smem_addr(dst + (row0 + w * kStep) * kLd + chunk * 8), src, ok);
-    }
-  };
-  find_slots(0);
-  load_tile(k_cache, ks);
+  gather.find(table, block_size, 0, kv_len);
+  gather.load(k_cache, kv_heads, kvh, ks);
   cp_async_commit();  // group: Q and K of tile 0
-  load_tile(v_cache, vs);
+  gather.load(v_cache, kv_heads, kvh, vs);
   cp_async_commit();  // group: V of tile 0
 
   cp_async_wait<1>();
@@ -116,8 +97,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>)
     cp_async_wait<1>();
     __syncthreads();  // K of tile j has landed; every warp is done with tile j - 1
     if (j + 1 < tiles) {
-      find_slots(k0 + kKeys);
-      load_tile(k_cache, ks + (1 - buf) * kTile);
+      gather.find(table, block_size, k0 + kKeys, kv_len);
+      gather.load(k_cache, kv_heads, kvh, ks + (1 - buf) * kTile);
     }
     cp_async_commit();
 
@@ -170,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>)
 
     cp_async_wait<1>();
     __syncthreads();  // V of tile j has landed
-    if (j + 1 < tiles) load_tile(v_cache, vs + (1 - buf) * kTile);
+    if (j + 1 < tiles) gather.load(v_cache, kv_heads, kvh, vs + (1 - buf) * kTile);
     cp_async_commit();
 
     // O += P·V. The accumulators of key columns 16k..16k+15 are exactly P's A fragment of

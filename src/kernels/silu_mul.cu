@@ -1,6 +1,5 @@
 #include "kernels/silu_mul.h"
 
-#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include "core/dtype_dispatch.h"
@@ -53,8 +52,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kFp8Thr
                         const T* __restrict__ gate_up, int64_t inter) {
   pdl_launch_dependents();
   pdl_wait();
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int64_t row = blockIdx.x / kClusterBlocks, pieces = inter / kVec;
   const int64_t per_block = (pieces + kClusterBlocks - 1) / kClusterBlocks;
   const int64_t begin = cluster.block_rank() * per_block, end = min(pieces, begin + per_block);
@@ -86,14 +84,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kFp8Thr
 #pragma unroll
     for (int e = 0; e < kVec; ++e) amax = fmaxf(amax, fabsf(v[e]));
   });
-  __shared__ float slice_amax;
-  amax = block_max<kFp8Threads>(amax);
-  if (threadIdx.x == 0) slice_amax = amax;
-  cluster.sync();  // every slice's maximum is in
-#pragma unroll
-  for (int b = 0; b < kClusterBlocks; ++b) amax = fmaxf(amax, *cluster.map_shared_rank(&slice_amax, b));
-  cluster.sync();  // no block leaves while another may still read its maximum
-  const float scale = fp8_scale_for_amax(amax);
+  const float scale = fp8_scale_for_amax(cluster_max<kFp8Threads, kClusterBlocks>(amax));
   if (cluster.block_rank() == 0 && threadIdx.x == 0) scales[row] = scale;
   auto* out = reinterpret_cast<Piece<__nv_fp8_storage_t, kVec>*>(q + row * inter);
   for_each_piece([&](int64_t p, const float(&v)[kVec]) {
