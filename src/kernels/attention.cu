@@ -413,9 +413,10 @@ __global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_s
 // decode_combine_kernel for an e4m3 output (a W8A8 o_proj's input): the values it would write in
 // T, each row then quantized with its own scale as fp8_quantize does, bit for bit, in one kernel
 // rather than two. A cluster of kCombineCluster blocks per sequence, each a share of the row's
-// elements; the shares' maxima meet through distributed shared memory. The values are computed
-// twice (for the maximum, then for the bytes) rather than held, so that any width fits.
-constexpr int kCombineCluster = 8, kCombineThreads = 256;
+// elements; the shares' maxima meet through distributed shared memory. A thread's first kHeld
+// values (a LLaMA row's share: 8192 / 8 / 256 = 4 at 70B) stay in registers between the maximum
+// and the bytes; any further ones are computed again, so that any width fits.
+constexpr int kCombineCluster = 8, kCombineThreads = 256, kHeld = 4;
 
 template <class T, int D>
 __global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombineThreads)
@@ -431,12 +432,22 @@ __global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombi
     const int64_t base = (static_cast<int64_t>(seq) * q_heads + e / D) * blocks;
     return static_cast<float>(static_cast<T>(combine_partials(part_o, part_m, part_l, base, used, D, e % D)));
   };
-  float amax = 0.f;
-  for (int e = begin + threadIdx.x; e < end; e += kCombineThreads) amax = fmaxf(amax, fabsf(value(e)));
+  const int first = begin + threadIdx.x, rest = first + kHeld * kCombineThreads;
+  float held[kHeld], amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    const int e = first + j * kCombineThreads;
+    held[j] = e < end ? value(e) : 0.f;
+    amax = fmaxf(amax, fabsf(held[j]));
+  }
+  for (int e = rest; e < end; e += kCombineThreads) amax = fmaxf(amax, fabsf(value(e)));
   const float scale = fp8_scale_for_amax(cluster_max<kCombineThreads, kCombineCluster>(amax));
   if (cluster.block_rank() == 0 && threadIdx.x == 0) scales[seq] = scale;
-  for (int e = begin + threadIdx.x; e < end; e += kCombineThreads)
-    out[static_cast<int64_t>(seq) * width + e] = fp8_quantize_value(value(e), scale);
+  __nv_fp8_storage_t* row = out + static_cast<int64_t>(seq) * width;
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j)
+    if (first + j * kCombineThreads < end) row[first + j * kCombineThreads] = fp8_quantize_value(held[j], scale);
+  for (int e = rest; e < end; e += kCombineThreads) row[e] = fp8_quantize_value(value(e), scale);
 }
 
 template <class T>

@@ -18,22 +18,17 @@ constexpr int kThreads = 1024;
 
 // 16 bytes of T, and the e4m3 bytes they quantize to.
 template <class T>
-struct alignas(16) Pack {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
-template <int N>
-struct alignas(N) Fp8Pack {
-  __nv_fp8_storage_t v[N];
-};
+using InPack = Pack<T, kPackOf<T>>;
+template <class T>
+using OutPack = Pack<__nv_fp8_storage_t, kPackOf<T>>;
 
 // Calls f(first column, pack) over a row in 16-byte packs, or f(column, pack, 1) with one element when the
 // row cannot be read in packs. All rows of one call take the same path (cols decides).
 template <class T, class F>
 __device__ void for_each_in_row(const T* row, int64_t cols, bool packed, F&& f) {
-  using P = Pack<T>;
+  using P = InPack<T>;
   if (packed) {
-    for (int64_t c = threadIdx.x * int64_t{P::kSize}; c < cols; c += int64_t{kThreads} * P::kSize)
+    for (int64_t c = threadIdx.x * int64_t{kPackOf<T>}; c < cols; c += int64_t{kThreads} * kPackOf<T>)
       f(c, *reinterpret_cast<const P*>(row + c));
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
@@ -47,7 +42,7 @@ __device__ void for_each_in_row(const T* row, int64_t cols, bool packed, F&& f) 
 template <class T>
 __device__ float row_abs_max(const T* row, int64_t cols, bool packed) {
   float m = 0.0f;
-  auto take = [&](int64_t, const Pack<T>& p, int n = Pack<T>::kSize) {
+  auto take = [&](int64_t, const InPack<T>& p, int n = kPackOf<T>) {
     for (int j = 0; j < n; ++j) m = fmaxf(m, fabsf(static_cast<float>(p.v[j])));
   };
   for_each_in_row(row, cols, packed, take);
@@ -82,24 +77,17 @@ __global__ void quantize_kernel(__nv_fp8_storage_t* out, float* scales, const T*
   }
   const float s = fp8_scale_for_amax(m);
   __nv_fp8_storage_t* q = out + r * cols;
-  using Out = Fp8Pack<Pack<T>::kSize>;
-  auto put = [&](int64_t c, const Pack<T>& p, int n = Pack<T>::kSize) {
+  using Out = OutPack<T>;
+  auto put = [&](int64_t c, const InPack<T>& p, int n = kPackOf<T>) {
     Out o;
     for (int j = 0; j < n; ++j) o.v[j] = fp8_quantize_value(static_cast<float>(p.v[j]), s);
-    if (n == Pack<T>::kSize)
+    if (n == kPackOf<T>)
       *reinterpret_cast<Out*>(q + c) = o;
     else
       q[c] = o.v[0];
   };
   for_each_in_row(row, cols, packed, put);
   if (threadIdx.x == 0) scales[r] = s;
-}
-
-// Rows go in packs when every row starts on 16 bytes in and on the pack's size out.
-template <class T>
-bool packable(const void* in, const void* out, int64_t cols) {
-  return cols % Pack<T>::kSize == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(out) % Pack<T>::kSize == 0;
 }
 
 template <class T>
@@ -118,7 +106,7 @@ void fp8_quantize(void* out, float* scales, const void* in, core::DType in_dtype
   if (tensor && !row_amax) throw core::Error("fp8_quantize: tensor granularity needs a row_amax workspace");
   core::dispatch_activation(in_dtype, [&]<class T>() {
     const T* x = static_cast<const T*>(in);
-    const bool packed = packable<T>(in, out, cols);
+    const bool packed = fp8_rows_pack(in, out, cols, sizeof(T));
     const dim3 grid(static_cast<unsigned>(rows));
     if (tensor) launch_overlapped(row_amax_kernel<T>, grid, dim3(kThreads), 0, stream, row_amax, x, cols, packed);
     launch_overlapped(quantize_kernel<T>, grid, dim3(kThreads), 0, stream,

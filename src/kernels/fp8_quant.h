@@ -34,7 +34,24 @@ inline float fp8_scale_for_amax(float amax) {
 __device__ inline __nv_fp8_storage_t fp8_quantize_value(float x, float s) {
   return __nv_cvt_float_to_fp8(x / s, __NV_SATFINITE, __NV_E4M3);
 }
+
+// N elements of E as one aligned access: the kernels that quantize rows read 16 bytes of them at
+// a time (kPackOf<E> elements) and write the e4m3 bytes those quantize to.
+template <class E, int N>
+struct alignas(sizeof(E) * N) Pack {
+  E v[N];
+};
+template <class E>
+constexpr int kPackOf = 16 / sizeof(E);
 #endif
+
+// Whether rows of `cols` elements of `elem_bytes` bytes at `in`, and their e4m3 rows at `out`,
+// move in packs: every row starts on 16 bytes in and on the pack's element count out.
+inline bool fp8_rows_pack(const void* in, const void* out, int64_t cols, size_t elem_bytes) {
+  const int64_t per_pack = 16 / static_cast<int64_t>(elem_bytes);
+  return cols % per_pack == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(out) % per_pack == 0;
+}
 
 enum class Fp8Granularity { row, tensor };
 
