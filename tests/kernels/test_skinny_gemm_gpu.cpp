@@ -269,6 +269,20 @@ TEST(SkinnyGemmGpu, Fp8W8A8OnTheTensorCores) {
   }
 }
 
+// The tiles kernel (plain inputs: bf16, and e4m3 beside e4m3 weights) on two small shapes at 1, 9
+// and 16 rows: a test compute-sanitizer's racecheck finishes, where the shape lists above take it
+// past minutes (sessions 17 and 19).
+TEST(SkinnyGemmGpu, TilesKernelSmallShapes) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(47);
+  const std::pair<int64_t, int64_t> shapes[] = {{37, 80}, {300, 1040}};
+  for (DType dt : {DType::bf16, DType::f8e4m3})
+    for (auto [n, k] : shapes) {
+      Case c(dt, SkinnyPrologue::none, n, k, rng, false, dt);
+      for (int64_t m : {1, 9, 16}) c.check(m, Output::f32_accumulate, rng, SkinnyKernel::mma);
+    }
+}
+
 // Back to back on one stream, the second launch (programmatic dependent launch) starts while
 // the first runs: it must still read the first's output, not the poison under it. At 16 rows
 // (the tensor-core kernel) and at 1 (the GEMV).
