@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "kernels/attention_mma.h"
 #include "kernels/block_reduce.cuh"
+#include "kernels/decode_append.cuh"
 #include "kernels/fp8_quant.h"
 #include "kernels/pdl.h"
 
@@ -151,8 +152,9 @@ constexpr int kMaxGroup = 16;        // query heads per kv head that one block s
 constexpr int kMaxSplitBlocks = 64;  // blocks per (kv head, sequence); each merges several splits
 constexpr int kDecodeBlocksPerSm = 16;  // bound on the grid, in blocks per SM (a few waves)
 // Registers a thread gives to raw keys and values in flight plus its accumulators. ptxas needs
-// up to about 100 more (addresses, q, sums): at 152 no instantiation spills (at 160 one did).
-constexpr int kDecodeRegBudget = 152;
+// up to about 100 more (addresses, q, sums): at 136 no instantiation spills (at 144, with the
+// newest position's code, 16-bit d 256 at group 16 did).
+constexpr int kDecodeRegBudget = 136;
 
 int64_t max_split_blocks(int64_t max_seq_len) {
   return std::min<int64_t>((max_seq_len + kSplit - 1) / kSplit, kMaxSplitBlocks);
@@ -176,6 +178,9 @@ struct DecodeTile {
   // 16-byte vector) fit beside the G·kChunks·kVec accumulators, else halves, quarters...
   static constexpr int kStage = passes_in_flight(kPasses, 2 * kChunks * 4, G * kChunks * kVec);
   static constexpr int kStages = kPasses / kStage;
+  // One head a kv head at head_dim up to 128 (LLaMA-2-7B) is bound by how many blocks an SM
+  // holds: left alone, ptxas takes about 120 registers (4 blocks); at 5 it takes 96, no spills.
+  static constexpr int kMinBlocks = sizeof(T) == 2 && G == 1 && D <= 128 ? 5 : 1;
   static_assert(kChunks * kVec * kLanes == D, "whole 16-byte loads per row");
   static_assert(kPasses * kRows == kSplit && kStages * kStage == kPasses, "whole passes per split and stage");
 };
@@ -196,12 +201,17 @@ __device__ inline void unpack(float (&out)[N], const uint4& raw) {
 // and value is read once per group: splits blockIdx.z, + gridDim.z, ..., merged with a running
 // maximum and sum (online softmax) into one partial output per block. The split index is the
 // slowest grid dimension, so blocks are dispatched first splits first, and blocks that find no
-// split (max_seq_len far above the lengths) come after every block that has one.
+// split (max_seq_len far above the lengths) come after every block that has one. The newest
+// position goes through shared memory, the others through registers: its key and value come
+// from the cache after pdl_wait, or, with `added` (PagedKv::append), from the new token, which the
+// block stores in the cache (q is then rotated here too). `settled` (PagedKv::settled): the first
+// split's keys and values are requested before pdl_wait.
 template <class T, int D, int G>
-__global__ void __launch_bounds__(kDecodeThreads)
+__global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlocks)
     decode_split_kernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* block_table,
-                        int64_t max_blocks, int block_size, const int32_t* seq_lens, int kv_heads, int group,
-                        float scale, float* part_o, float* part_m, float* part_l) {
+                        int64_t max_blocks, int block_size, const int32_t* seq_lens, bool settled,
+                        NewTokens<T> added, int kv_heads, int group, float scale, float* part_o, float* part_m,
+                        float* part_l) {
   using Tile = DecodeTile<T, D, G>;
   constexpr int kVec = Tile::kVec, kLanes = Tile::kLanes, kChunks = Tile::kChunks, kRows = Tile::kRows;
   constexpr int kStage = Tile::kStage, kStages = Tile::kStages;
@@ -213,11 +223,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float* run_m = smem + G * (2 * D + kSplit + kDecodeWarps * D);  // [G] running maximum
   float* run_l = run_m + G;                                          // [G] running sum
   float* rescale = run_l + G;                                        // [G][2] old and new weights
+  float* newest_k = rescale + 2 * G;                                 // [D] the newest position's key
+  float* newest_v = newest_k + D;                                    // [D] and value
   pdl_launch_dependents();
-  pdl_wait();
+  if (!settled) pdl_wait();
   const int kvh = blockIdx.x, seq = blockIdx.y, first = blockIdx.z, blocks = gridDim.z;
   const int len = seq_lens[seq];
-  if (first * kSplit >= len) return;
+  if (first * kSplit >= len) {
+    if (settled) pdl_wait();
+    return;
+  }
   const int q_heads = kv_heads * group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // This thread's row slot, and its columns: kChunks runs of kVec starting at col(c).
@@ -227,8 +242,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // Row j of a split is pass j / kRows of thread row j % kRows.
   auto row_of = [&](int stage, int p) { return (stage * kStage + p) * kRows + row; };
   // Requests this thread's keys or values of one stage of the split at s0 (n rows). Rows past n
-  // read row n - 1 again (already on its way, and never used): without a branch per row, every
-  // load of the stage issues before the first one is waited on.
+  // read row n - 1 again (already on its way; rows from `cached` on are not used): without a
+  // branch per row, every load of the stage issues before the first one is waited on.
   auto load_stage = [&](uint4 (&raw)[kStage][kChunks], const T* cache, int s0, int n, int stage) {
 #pragma unroll
     for (int p = 0; p < kStage; ++p) {
@@ -242,16 +257,19 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   for (int split = first; split * kSplit < len; split += blocks) {
     const int s0 = split * kSplit, n = min(len - s0, kSplit);
+    const bool has_newest = s0 + n == len;
+    const int cached = has_newest ? n - 1 : n;  // rows taken from the registers
     uint4 k_raw[kStage][kChunks], v_raw[kStage][kChunks];
     load_stage(k_raw, k_cache, s0, n, 0);
     load_stage(v_raw, v_cache, s0, n, 0);
     if (split == first) {  // after the loads above, so q travels with them
+      if (settled) pdl_wait();
       constexpr int kQPerThread = (G * D + kDecodeThreads - 1) / kDecodeThreads;
       float qv[kQPerThread];  // all requested before any is stored
 #pragma unroll
       for (int i = 0; i < kQPerThread; ++i) {
         const int idx = tid + i * kDecodeThreads;
-        qv[i] = idx < group * D ? static_cast<float>(q[seq * q_stride + (kvh * group) * D + idx]) : 0.f;
+        qv[i] = idx < group * D ? added.template q_at<D>(q, q_stride, seq, kvh * group + idx / D, idx % D) : 0.f;
       }
 #pragma unroll
       for (int i = 0; i < kQPerThread; ++i) {
@@ -259,8 +277,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
         if (idx < group * D) qs[idx / D][idx % D] = qv[i] * scale, run_o[idx / D][idx % D] = 0.f;
       }
       if (tid < group) run_m[tid] = -INFINITY, run_l[tid] = 0.f;
+      if (((len - 1) / kSplit - first) % blocks == 0) {  // the block's last split holds the newest position
+        const int64_t slot = static_cast<int64_t>(table[(len - 1) / block_size]) * block_size + (len - 1) % block_size;
+        for (int i = tid; i < D; i += kDecodeThreads) {
+          T key, value;
+          added.template newest<D>(seq, kvh, kv_heads, slot, i, key, value);
+          newest_k[i] = static_cast<float>(key), newest_v[i] = static_cast<float>(value);
+        }
+      }
     }
-    __syncthreads();  // q is loaded; the previous split's scores and partials are consumed
+    __syncthreads();  // q and the newest row are in; the previous split's scores and partials are consumed
 
     // Scores: every lane of a warp runs every pass (the shuffles need them all).
 #pragma unroll
@@ -282,23 +308,33 @@ __global__ void __launch_bounds__(kDecodeThreads)
             for (int e = 0; e < kVec; ++e) dot += qs[g][col(c) + e] * kv[c][e];
 #pragma unroll
           for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-          if (lane_in_row == 0 && j < n) scores[g][j] = dot;
+          if (lane_in_row == 0 && j < cached) scores[g][j] = dot;
         }
       }
     }
     __syncthreads();
 
     for (int g = warp; g < group; g += kDecodeWarps) {
-      float mx = -INFINITY;
-      for (int j = lane; j < n; j += 32) mx = fmaxf(mx, scores[g][j]);
+      float newest = 0.f;  // the newest position's score, in every lane
+      if (has_newest) {
+        for (int i = lane; i < D; i += 32) newest += qs[g][i] * newest_k[i];
+        for (int offset = 16; offset > 0; offset /= 2) newest += __shfl_xor_sync(0xffffffffu, newest, offset);
+      }
+      float mx = has_newest ? newest : -INFINITY;
+      for (int j = lane; j < cached; j += 32) mx = fmaxf(mx, scores[g][j]);
       for (int offset = 16; offset > 0; offset /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
       float sum = 0.f;
-      for (int j = lane; j < n; j += 32) {
+      for (int j = lane; j < cached; j += 32) {
         const float p = expf(scores[g][j] - mx);
         scores[g][j] = p;
         sum += p;
       }
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (has_newest) {
+        const float p = expf(newest - mx);
+        sum += p;
+        if (lane == 0) scores[g][n - 1] = p;
+      }
       if (lane == 0) {
         const float m_new = fmaxf(run_m[g], mx);
         rescale[2 * g] = expf(run_m[g] - m_new);
@@ -316,7 +352,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
       for (int p = 0; p < kStage; ++p) {
         const int j = row_of(st, p);
-        if (j >= n) break;  // rows grow with p; past n, the values are row n - 1's and scores stale
+        if (j >= cached) break;  // rows grow with p; past `cached`, the values are stale or repeated
         float vv[kChunks][kVec];
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) unpack<T>(vv[c], v_raw[p][c]);
@@ -350,6 +386,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       float sum = 0.f;
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w) sum += partial[w][g][i];
+      if (has_newest) sum += scores[g][n - 1] * newest_v[i];
       run_o[g][i] = run_o[g][i] * rescale[2 * g] + sum * rescale[2 * g + 1];
     }
   }
@@ -534,15 +571,16 @@ void decode(DecodePath path, const DecodeOut& out, ConstRows q, const PagedKv& k
     dispatch_head_dim(shape.head_dim, [&]<int D>() {
       if (!tensor_cores)
         dispatch_group(group, [&]<int G>() {
-          constexpr size_t smem = sizeof(float) * G * (2 * D + kSplit + kDecodeWarps * D + 4);
+          constexpr size_t smem = sizeof(float) * (G * (2 * D + kSplit + kDecodeWarps * D + 4) + 2 * D);
           if constexpr (smem > 48 * 1024)
             GPULAB_CHECK(cudaFuncSetAttribute(decode_split_kernel<T, D, G>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
           launch_overlapped(decode_split_kernel<T, D, G>, dim3(shape.kv_heads, num_seqs, blocks),
                             dim3(kDecodeThreads), smem, stream, static_cast<const T*>(q.data), q.stride,
                             static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache), kv.block_table,
-                            kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens,
-                            static_cast<int>(shape.kv_heads), group, shape.scale, part_o, part_m, part_l);
+                            kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens, kv.settled,
+                            new_tokens_of<T>(kv), static_cast<int>(shape.kv_heads), group, shape.scale, part_o,
+                            part_m, part_l);
         });
       if (out.fp8)
         launch_overlapped(decode_combine_fp8_kernel<T, D>, dim3(num_seqs * kCombineCluster), dim3(kCombineThreads),

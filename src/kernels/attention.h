@@ -37,12 +37,32 @@ struct ConstRows {
   int64_t stride;
 };
 
+// The new token of each decode row, for a decode that applies rope and stores it in the cache
+// itself, in place of rope() with a RopeCacheWrite over those rows (the same bits): row s of
+// q is not rotated yet; sequence s's new key (row s of k, not rotated) and value (row s of v)
+// are rotated at positions[s], stored at cache slot slots[s] (negative: nowhere), and taken as
+// its newest position by the decode.
+struct DecodeAppend {
+  ConstRows k;
+  ConstRows v;
+  const int32_t* positions;
+  const int32_t* slots;
+  const float2* rope_table;  // rope_table's angles, as rope() takes them
+};
+
 struct PagedKv {
   const void* k_cache;
   const void* v_cache;
   const int32_t* block_table;  // [num_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq;
   int64_t block_size;
+  // Decode only. Set where each sequence's positions but its newest were cached, and the block
+  // table and lengths copied, before the stream's run of overlapped kernels that leads to the
+  // decode began (an earlier forward pass; a copy, then this pass's kernels): the split kernels
+  // then request those rows before pdl_wait, while the kernels ahead still run, and the newest
+  // row and q after it.
+  bool settled = false;
+  const DecodeAppend* append = nullptr;  // decode only; the cache is then written at its slots
 };
 
 // Sequence s has query rows cu_q[s] .. cu_q[s+1] (device array of num_seqs + 1 ints) at

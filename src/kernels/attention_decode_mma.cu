@@ -10,7 +10,10 @@
 // scores positions 16w..16w+15; the maxima of the 4 warps meet in shared memory; P goes to shared
 // memory in T; then warp w accumulates O's columns [w·D/4, (w+1)·D/4) over all 64 positions, so
 // no partial outputs need adding across warps. The next split's K is requested once the scores
-// are done, and its V once P·V is.
+// are done, and its V once P·V is. With PagedKv::settled, the first split's K and V but the
+// newest position are requested before pdl_wait, and Q and that position after it. With
+// PagedKv::append (`added`), Q is rotated on its way to shared memory, and the newest position
+// is the new token, which the block that has it stores in the cache.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,6 +23,7 @@
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 #include "kernels/attention_mma.h"
+#include "kernels/decode_append.cuh"
 #include "kernels/mma_ptx.h"
 #include "kernels/paged_gather.cuh"
 #include "kernels/pdl.h"
@@ -30,22 +34,26 @@ namespace {
 
 constexpr int kSplit = kDecodeSplit, kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kHeadRows = 16;  // query heads of a kv head: one mma row tile, zero past the group
+// Blocks an SM holds at head_dim 128 by shared memory. Left alone, ptxas takes about 120
+// registers a thread (4 blocks); bound to 5 blocks it takes 96, without spills.
+constexpr int kBlocksPerSm = 5;
 static_assert(kSplit == 16 * kWarps, "each warp scores one 16-position k-step of P·V");
 
 template <int D>
 struct DecodeMmaSmem {
   static constexpr int kLd = ldmatrix_pitch<D>(), kPd = ldmatrix_pitch<kSplit>();
-  static constexpr size_t kBytes = sizeof(uint16_t) * (kHeadRows * kLd + 2 * kSplit * kLd + kHeadRows * kPd) +
+  static constexpr size_t kBytes = sizeof(uint16_t) * (kHeadRows * kLd + 2 * kSplit * kLd + kHeadRows * kPd + 2 * D) +
                                    sizeof(float) * 2 * kWarps * kHeadRows;
 };
 
 // Fragment ownership (PTX ISA, mma.m16n8k16): accumulator c[0..1] of lane L is row L/4,
 // columns 2(L%4) and +1; c[2..3] the same columns of row L/4 + 8.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     decode_mma_kernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* block_table,
-                      int64_t max_blocks, int block_size, const int32_t* seq_lens, int kv_heads, int group,
-                      float scale, float* part_o, float* part_m, float* part_l) {
+                      int64_t max_blocks, int block_size, const int32_t* seq_lens, bool settled,
+                      NewTokens<T> added, int kv_heads, int group, float scale, float* part_o, float* part_m,
+                      float* part_l) {
   using Smem = DecodeMmaSmem<D>;
   constexpr int kLd = Smem::kLd, kPd = Smem::kPd;
   using Gather = PagedGather<T, D, kThreads, kSplit>;
@@ -58,31 +66,63 @@ __global__ void __launch_bounds__(kThreads)
   T* ps = vs + kSplit * kLd;               // [kHeadRows][kPd] softmax weights of the split
   float* warp_max = reinterpret_cast<float*>(ps + kHeadRows * kPd);  // [kWarps][kHeadRows]
   float* warp_sum = warp_max + kWarps * kHeadRows;                   // [kWarps][kHeadRows]
+  T* newest_k = reinterpret_cast<T*>(warp_sum + kWarps * kHeadRows);  // [D] the newest position's key
+  T* newest_v = newest_k + D;                                         // [D] and value
   pdl_launch_dependents();
-  pdl_wait();
+  if (!settled) pdl_wait();
   const int kvh = blockIdx.x, seq = blockIdx.y, first = blockIdx.z, blocks = gridDim.z;
   const int len = seq_lens[seq];
-  if (first * kSplit >= len) return;
+  if (first * kSplit >= len) {
+    if (settled) pdl_wait();
+    return;
+  }
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t* table = block_table + seq * max_blocks;
   const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = 2^(x·log2(e))
 
   Gather gather;  // this split's K and V (K finds the slots, V reuses them)
-  // Q in the same waves: the group's heads, zero past it.
-#pragma unroll
-  for (int r = gather.row0; r < kHeadRows; r += Gather::kStep) {
-    const bool ok = r < group;
-    const T* src = ok ? q + seq * q_stride + static_cast<int64_t>(kvh * group + r) * D + gather.chunk * 8 : q;
-    cp_async16_or_zero(smem_addr(qs + r * kLd + gather.chunk * 8), src, ok);
-  }
+  // The split at s0's keys or values into dst, but the newest position (tile row len - 1 - s0,
+  // if below kSplit); then that one, from newest_k or newest_v. Thread tid copies the elements
+  // it wrote there itself, so no barrier comes between.
+  const auto older_rows = [&](const T* cache, T* dst, int s0) {
+    gather.load_if(cache, kv_heads, kvh, dst, [&](int r) { return r != len - 1 - s0; });
+  };
+  const auto newest_row = [&](const T* newest, T* dst, int s0) {
+    const int r = len - 1 - s0;
+    if (r < kSplit)
+      for (int i = tid; i < D; i += kThreads) dst[r * kLd + i] = newest[i];
+  };
   int split = first;
   gather.find(table, block_size, split * kSplit, len);
-  gather.load(k_cache, kv_heads, kvh, ks);
-  cp_async_commit();  // group: Q and K
-  gather.load(v_cache, kv_heads, kvh, vs);
+  older_rows(k_cache, ks, split * kSplit);
+  cp_async_commit();  // group: K
+  older_rows(v_cache, vs, split * kSplit);
   cp_async_commit();  // group: V
-  cp_async_wait<1>();
-  __syncthreads();
+  if (settled) pdl_wait();
+  if (((len - 1) / kSplit - first) % blocks == 0) {  // the block's last split holds the newest position
+    const int64_t slot = static_cast<int64_t>(table[(len - 1) / block_size]) * block_size + (len - 1) % block_size;
+    for (int i = tid; i < D; i += kThreads) added.template newest<D>(seq, kvh, kv_heads, slot, i, newest_k[i], newest_v[i]);
+  }
+  // Q: the group's heads, zero past it; rotated here where the decode appends.
+  const T* q_rows = q + seq * q_stride + static_cast<int64_t>(kvh * group) * D;
+  if (added.k) {
+#pragma unroll 1  // unrolled, its loads would hold registers the rest of the kernel needs
+    for (int idx = tid; idx < kHeadRows * D; idx += kThreads) {
+      const int r = idx / D, i = idx % D;
+      qs[r * kLd + i] = r < group ? rope_at<T, D>(q_rows + r * D, i, added.template angles<D>(seq)) : T(0.f);
+    }
+  } else {
+#pragma unroll
+    for (int r = gather.row0; r < kHeadRows; r += Gather::kStep) {
+      const bool ok = r < group;
+      cp_async16_or_zero(smem_addr(qs + r * kLd + gather.chunk * 8), ok ? q_rows + r * D + gather.chunk * 8 : q, ok);
+    }
+  }
+  cp_async_commit();  // group: Q
+  newest_row(newest_k, ks, split * kSplit);
+  newest_row(newest_v, vs, split * kSplit);
+  cp_async_wait<0>();
+  __syncthreads();  // K, V, Q and the newest row are in
 
   // Q's A fragments, D/16 k-steps: ldmatrix matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15).
   const int mrow = (lane % 8) + ((lane / 8) % 2) * 8, mcol = (lane / 16) * 8;
@@ -120,7 +160,8 @@ __global__ void __launch_bounds__(kThreads)
     const bool more = next * kSplit < len;
     if (more) {
       gather.find(table, block_size, next * kSplit, len);
-      gather.load(k_cache, kv_heads, kvh, ks);
+      older_rows(k_cache, ks, next * kSplit);
+      newest_row(newest_k, ks, next * kSplit);
     }
     cp_async_commit();  // group: the next split's K (possibly empty)
 
@@ -179,7 +220,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (!more) break;
     __syncthreads();  // V and P are consumed
-    gather.load(v_cache, kv_heads, kvh, vs);
+    older_rows(v_cache, vs, next * kSplit);
+    newest_row(newest_v, vs, next * kSplit);
     cp_async_commit();  // group: the next split's V
     split = next;
     cp_async_wait<1>();
@@ -221,7 +263,8 @@ void attention_decode_splits_mma(ConstRows q, const PagedKv& kv, const int32_t* 
         launch_overlapped(decode_mma_kernel<T, D>, grid, dim3(kThreads), smem, stream, static_cast<const T*>(q.data),
                           q.stride, static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache),
                           kv.block_table, kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens,
-                          static_cast<int>(shape.kv_heads), group, shape.scale, parts.o, parts.m, parts.l);
+                          kv.settled, new_tokens_of<T>(kv), static_cast<int>(shape.kv_heads), group, shape.scale,
+                          parts.o, parts.m, parts.l);
       };
       if (shape.head_dim == 64) return launch.template operator()<64>();
       return launch.template operator()<128>();

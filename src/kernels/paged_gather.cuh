@@ -33,8 +33,15 @@ struct PagedGather {
   }
 
   __device__ void load(const T* cache, int kv_heads, int kvh, T* dst) const {
+    load_if(cache, kv_heads, kvh, dst, [](int) { return true; });
+  }
+
+  // load() of the tile rows r for which copy(r) holds; the others are left as they are.
+  template <class Pred>
+  __device__ void load_if(const T* cache, int kv_heads, int kvh, T* dst, Pred copy) const {
 #pragma unroll
     for (int w = 0; w < kWaves; ++w) {
+      if (!copy(row0 + w * kStep)) continue;
       const bool ok = slots[w] >= 0;
       const T* src = ok ? cache + (static_cast<int64_t>(slots[w]) * kv_heads + kvh) * D + chunk * 8 : cache;
       cp_async16_or_zero(smem_addr(dst + (row0 + w * kStep) * ldmatrix_pitch<D>() + chunk * 8), src, ok);

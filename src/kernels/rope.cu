@@ -5,6 +5,7 @@
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 #include "kernels/pdl.h"
+#include "kernels/rope.cuh"
 
 namespace gpulab::kernels {
 
@@ -14,11 +15,11 @@ namespace {
 // value pairs to copy).
 template <class T>
 __global__ void rope_kernel(T* q, int64_t q_stride, int64_t q_heads, T* k, int64_t k_stride, int64_t k_heads,
-                            const int32_t* positions, const float* inv_freq, int64_t half, RopeCacheWrite cache) {
+                            const int32_t* positions, const float2* table, int64_t half, RopeCacheWrite cache) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t t = blockIdx.x;
-  const float pos = static_cast<float>(positions[t]);
+  const float2* angles = table + positions[t] * half;
   const int64_t slot = cache.slots ? cache.slots[t] : -1;
   const int64_t q_pairs = q_heads * half, rotated = (q_heads + k_heads) * half;
   const int64_t all_pairs = rotated + (cache.slots ? k_heads * half : 0);
@@ -39,11 +40,9 @@ __global__ void rope_kernel(T* q, int64_t q_stride, int64_t q_heads, T* k, int64
     const int64_t pp = is_q ? p : p - q_pairs;
     const int64_t head = pp / half, i = pp % half;
     T* v = (is_q ? q + t * q_stride : k + t * k_stride) + head * 2 * half;
-    float s, c;
-    sincosf(pos * inv_freq[i], &s, &c);
     const float a = static_cast<float>(v[i]), b = static_cast<float>(v[i + half]);
-    v[i] = static_cast<T>(a * c - b * s);
-    v[i + half] = static_cast<T>(b * c + a * s);
+    v[i] = static_cast<T>(rope_element(a, b, angles[i], true));
+    v[i + half] = static_cast<T>(rope_element(b, a, angles[i], false));
     if (!is_q && slot >= 0) {
       T* to = static_cast<T*>(cache.k_cache) + slot * width + head * 2 * half;
       to[i] = v[i];
@@ -52,16 +51,33 @@ __global__ void rope_kernel(T* q, int64_t q_stride, int64_t q_heads, T* k, int64
   }
 }
 
+// One (position, frequency) pair a thread.
+__global__ void rope_table_kernel(float2* table, const float* inv_freq, int64_t positions, int64_t half) {
+  for (int64_t at = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; at < positions * half;
+       at += int64_t(gridDim.x) * blockDim.x) {
+    float2 cs;
+    sincosf(static_cast<float>(at / half) * inv_freq[at % half], &cs.y, &cs.x);
+    table[at] = cs;
+  }
+}
+
 }  // namespace
 
-void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float* inv_freq, int64_t tokens,
+void rope_table(float2* table, const float* inv_freq, int64_t positions, int64_t head_dim, cudaStream_t stream) {
+  if (positions == 0) return;
+  const int64_t half = head_dim / 2, blocks = std::min<int64_t>((positions * half + 255) / 256, 4096);
+  rope_table_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(table, inv_freq, positions, half);
+  GPULAB_CHECK_LAUNCH();
+}
+
+void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float2* table, int64_t tokens,
           int64_t head_dim, core::DType dtype, cudaStream_t stream, const RopeCacheWrite* cache) {
   if (tokens == 0) return;
   core::dispatch_activation(dtype, [&]<class T>() {
     const int64_t pairs = (q.heads + k.heads * (cache ? 2 : 1)) * (head_dim / 2);
     const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 64)));
     launch_overlapped(rope_kernel<T>, grid, dim3(256), 0, stream, static_cast<T*>(q.x), q.stride, q.heads,
-                      static_cast<T*>(k.x), k.stride, k.heads, positions, inv_freq, head_dim / 2,
+                      static_cast<T*>(k.x), k.stride, k.heads, positions, table, head_dim / 2,
                       cache ? *cache : RopeCacheWrite{});
   });
 }

@@ -27,8 +27,13 @@ struct RopeCacheWrite {
   const int32_t* slots;
 };
 
-// Rotates q and k of `tokens` rows; inv_freq is a device array of head_dim / 2 floats.
-void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float* inv_freq, int64_t tokens,
+// The angles of every position below `positions`: table[p · head_dim/2 + i] = (cos, sin) of
+// p · inv_freq[i] (inv_freq: a device array of head_dim / 2 floats), computed once for a model.
+void rope_table(float2* table, const float* inv_freq, int64_t positions, int64_t head_dim, cudaStream_t stream);
+
+// Rotates q and k of `tokens` rows by the angles of positions[t] in a rope_table (which must
+// cover every position given).
+void rope(RopeTarget q, RopeTarget k, const int32_t* positions, const float2* table, int64_t tokens,
           int64_t head_dim, core::DType dtype, cudaStream_t stream, const RopeCacheWrite* cache = nullptr);
 
 void rope_ref(float* x, int64_t stride, int64_t heads, const int32_t* positions, const float* inv_freq,

@@ -124,7 +124,7 @@ struct CudaEngine::Impl {
   size_t embed = 0, final_norm = 0;
   Linear lm_head;  // bf16 always
   std::vector<Layer> layers;
-  core::DeviceBuffer<float> inv_freq;
+  core::DeviceBuffer<float2> rope_angles;  // kernels::rope_table of every position up to max_seq_len
 
   // Activations, sized for max_tokens rows; logits for logit_rows.
   // x, the residual that tensor parallel all-reduces, in NCCL symmetric memory with a comm and
@@ -550,11 +550,19 @@ struct CudaEngine::Impl {
       bf16* q = qkv.get();
       bf16* k = q + qd;
       bf16* v = k + kvd;
-      const kernels::RopeCacheWrite cache{k_cache(l), v_cache(l), v, qkv_width, dmeta(meta_at.slots)};
-      kernels::rope({q, qkv_width, c.num_heads}, {k, qkv_width, c.num_kv_heads}, dmeta(meta_at.positions),
-                    inv_freq.get(), n, c.head_dim, kAct, *stream, &cache);
-      const kernels::PagedKv paged{k_cache(l), v_cache(l), dmeta(meta_at.block_table), max_blocks_per_seq,
-                                   opt.block_size};
+      // The decode rows' rope and cache store happen in the decode attention (PagedKv::append),
+      // which also finds their earlier positions cached by earlier passes and the metadata copied
+      // before this pass's first kernel (PagedKv::settled); rope() takes the chunk rows after them.
+      const int64_t at = decodes * qkv_width;
+      const kernels::RopeCacheWrite cache{k_cache(l), v_cache(l), v + at, qkv_width, dmeta(meta_at.slots) + decodes};
+      kernels::rope({q + at, qkv_width, c.num_heads}, {k + at, qkv_width, c.num_kv_heads},
+                    dmeta(meta_at.positions) + decodes, rope_angles.get(), n - decodes, c.head_dim, kAct, *stream,
+                    &cache);
+      const kernels::DecodeAppend append{{k, qkv_width}, {v, qkv_width}, dmeta(meta_at.positions),
+                                         dmeta(meta_at.slots), rope_angles.get()};
+      kernels::PagedKv paged{k_cache(l), v_cache(l), dmeta(meta_at.block_table), max_blocks_per_seq, opt.block_size};
+      paged.settled = true;
+      paged.append = &append;
       if (decodes > 0 && fused_fp8)  // o_proj's e4m3 input straight from the combine (all rows decode here)
         kernels::attention_decode_fp8(act_q.get(), act_scales.get(), {q, qkv_width}, paged, dmeta(meta_at.seq_lens),
                                       decodes, max_seq_len, shape, decode_ws.get(), kAct, *stream);
@@ -562,8 +570,8 @@ struct CudaEngine::Impl {
         kernels::attention_decode({attn.get(), qd}, {q, qkv_width}, paged, dmeta(meta_at.seq_lens), decodes,
                                   max_seq_len, shape, decode_ws.get(), kAct, *stream);
       if (prefills > 0) {
-        kernels::PagedKv rest = paged;
-        rest.block_table += decodes * max_blocks_per_seq;
+        kernels::PagedKv rest{k_cache(l), v_cache(l), dmeta(meta_at.block_table) + decodes * max_blocks_per_seq,
+                              max_blocks_per_seq, opt.block_size};
         kernels::attention_prefill({attn.get() + decodes * qd, qd}, {q + decodes * qkv_width, qkv_width}, rest,
                                    dmeta(meta_at.cu_q), dmeta(meta_at.seq_lens) + decodes, prefills, max_chunk, shape,
                                    kAct, *stream);
@@ -818,8 +826,11 @@ CudaEngine::CudaEngine(const WeightSource& src, const EngineOptions& options) : 
   else if (c.num_layers > 0 && src.is_fp8(layer_weight(0, "self_attn.q_proj.weight")))
     core::log_info("the checkpoint holds fp8 weights, dequantized to bf16 here; --weights fp8 keeps them in fp8");
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim, c.dtype);
-  m.inv_freq = core::DeviceBuffer<float>(inv.size());
-  m.copy_up(m.inv_freq.get(), inv.data(), inv.size() * 4);
+  core::DeviceBuffer<float> inv_freq(inv.size());
+  m.copy_up(inv_freq.get(), inv.data(), inv.size() * 4);
+  m.rope_angles = core::DeviceBuffer<float2>(m.max_seq_len * (c.head_dim / 2));
+  kernels::rope_table(m.rope_angles.get(), inv_freq.get(), m.max_seq_len, c.head_dim, *m.stream);
+  m.stream->synchronize();  // before inv_freq goes
   m.skinny_decode = decode_skinny_gemm(options, m.model);
   m.allocate_buffers();
   if (options.comm && m.part.shard.rank == 0)

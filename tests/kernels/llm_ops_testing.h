@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "kernels/rope.h"
 
 namespace gpulab::kernels::testing {
 
@@ -100,5 +101,15 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
 }
 
 inline std::string dtype_label(DType dt) { return std::string(core::dtype_name(dt)); }
+
+// The rope_table of positions 0 .. positions-1 at these frequencies (head_dim / 2 of them).
+inline core::DeviceBuffer<float2> device_rope_table(const std::vector<float>& inv_freq, int64_t positions) {
+  core::DeviceBuffer<float> d_inv(inv_freq.size());
+  GPULAB_CHECK(cudaMemcpy(d_inv.get(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice));
+  core::DeviceBuffer<float2> table(positions * inv_freq.size());
+  rope_table(table.get(), d_inv.get(), positions, 2 * static_cast<int64_t>(inv_freq.size()), nullptr);
+  GPULAB_CHECK(cudaDeviceSynchronize());
+  return table;
+}
 
 }  // namespace gpulab::kernels::testing

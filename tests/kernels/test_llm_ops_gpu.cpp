@@ -13,6 +13,7 @@
 #include "kernels/embedding.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/llm_ops_testing.h"
+#include "kernels/pdl.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/silu_mul.h"
@@ -85,14 +86,13 @@ TEST(KernelsLlmGpu, RopeInPlaceOnFusedQkv) {
     for (auto& p : pos) p = std::uniform_int_distribution<int32_t>(0, 8191)(rng);
     pos[0] = 0;
     core::DeviceBuffer<int32_t> d_pos(tokens);
-    core::DeviceBuffer<float> d_inv(d / 2);
+    const auto table = device_rope_table(inv_freq, 8192);
     GPULAB_CHECK(cudaMemcpy(d_pos.get(), pos.data(), tokens * 4, cudaMemcpyHostToDevice));
-    GPULAB_CHECK(cudaMemcpy(d_inv.get(), inv_freq.data(), d * 2, cudaMemcpyHostToDevice));
     for (DType dt : kActivationTypes) {
       DeviceTensor qkv(uniform(tokens * width, rng, -2, 2), dt);
       auto* base = static_cast<std::byte*>(qkv.get());
       const size_t es = core::dtype_size(dt);
-      rope({base, width, qh}, {base + qh * d * es, width, kvh}, d_pos.get(), d_inv.get(), tokens, d, dt, nullptr);
+      rope({base, width, qh}, {base + qh * d * es, width, kvh}, d_pos.get(), table.get(), tokens, d, dt, nullptr);
       std::vector<float> want = qkv.host;
       rope_ref(want.data(), width, qh, pos.data(), inv_freq.data(), tokens, d);
       rope_ref(want.data() + qh * d, width, kvh, pos.data(), inv_freq.data(), tokens, d);
@@ -335,27 +335,67 @@ TEST(KernelsLlmGpu, PrefillAttentionTensorCoresVsScalarTiming) {
 // kernel computes in fp32 from the same rounded inputs as the reference, so beyond the output's
 // one rounding (rtol) only fp32 reordering noise is left: atol is the f32 one for every dtype.
 // The tensor-core kernel rounds the softmax weights to dt, as prefill's does (tensor_core_atol).
+//
+// `settled`: as the engine decodes (PagedKv::settled), the newest position of each sequence is
+// NaN in the cache until rope (at angle 0, so unchanged) stores the k and v of the sequence's
+// fused QKV row there, on the stream just before the decode and behind a long rmsnorm. The decode
+// starts while the rmsnorm still runs and requests the older rows then: a NaN in the output would
+// mean it used the newest row from before rope's store.
 using DecodeFn = decltype(&attention_decode);
 void check_decode(DecodeFn decode, const AttentionCase& c, DType dt, const std::vector<int32_t>& lens,
-                  int64_t max_len, int64_t block_size, std::mt19937& rng) {
+                  int64_t max_len, int64_t block_size, std::mt19937& rng, bool settled = false) {
   const int64_t num_seqs = lens.size();
   const PagedCache pages(lens, block_size, rng);
   auto d_lens = upload_ints(lens);
   const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
   const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   const int64_t q_stride = qd + 2 * kvd, out_stride = qd + 8;
-  DeviceTensor k_cache(uniform(pages.total_blocks * block_size * kvd, rng, -2, 2), dt);
-  DeviceTensor v_cache(uniform(pages.total_blocks * block_size * kvd, rng, -2, 2), dt);
+  std::vector<float> k_values = uniform(pages.total_blocks * block_size * kvd, rng, -2, 2);
+  std::vector<float> v_values = uniform(k_values.size(), rng, -2, 2);
+  std::vector<int32_t> newest_slots(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    newest_slots[s] = static_cast<int32_t>(pages.slot(s, lens[s] - 1));
+    if (settled)
+      for (auto* cache : {&k_values, &v_values}) std::fill_n(cache->begin() + newest_slots[s] * kvd, kvd, NAN);
+  }
+  DeviceTensor k_cache(std::move(k_values), dt), v_cache(std::move(v_values), dt);
   DeviceTensor q(uniform(num_seqs * q_stride, rng, -2, 2), dt);
   auto out = DeviceTensor::poisoned(num_seqs * out_stride, dt);
   core::DeviceBuffer<std::byte> ws(attention_decode_workspace(num_seqs, max_len, shape));
   GPULAB_CHECK(cudaMemset(ws.get(), 0xFF, ws.bytes()));
-  const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, block_size};
+  const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, block_size, settled};
   const bool tensor_cores = decode == attention_decode_tensor_cores ||
                             (decode == attention_decode &&
                              attention_decode_uses_tensor_cores({q.get(), q_stride}, kv, shape, dt));
-  decode({out.get(), out_stride}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(), dt,
-         nullptr);
+  if (settled) {
+    core::Stream stream;
+    const int64_t norm_rows = 2 * current_sm_count(), norm_dim = int64_t(1) << 19;
+    core::DeviceBuffer<float> norm_in(norm_rows * norm_dim);
+    core::DeviceBuffer<std::byte> norm_out(norm_rows * norm_dim * core::dtype_size(dt));
+    DeviceTensor norm_weight(std::vector<float>(norm_dim, 1.f), dt);
+    GPULAB_CHECK(cudaMemset(norm_in.get(), 0, norm_in.bytes()));
+    auto positions = upload_ints(std::vector<int32_t>(num_seqs, 0));
+    auto slots = upload_ints(newest_slots);
+    const auto table = device_rope_table(std::vector<float>(c.head_dim / 2, 0.f), 1);
+    GPULAB_CHECK(cudaDeviceSynchronize());
+    auto* qkv = static_cast<std::byte*>(q.get());
+    const size_t es = core::dtype_size(dt);
+    const RopeCacheWrite write{k_cache.get(), v_cache.get(), qkv + (qd + kvd) * es, q_stride, slots.get()};
+    rmsnorm(norm_out.get(), dt, norm_in.get(), DType::f32, norm_weight.get(), norm_rows, norm_dim, 1e-5f,
+            stream.get());
+    rope({qkv, q_stride, c.q_heads}, {qkv + qd * es, q_stride, c.kv_heads}, positions.get(), table.get(),
+         num_seqs, c.head_dim, dt, stream.get(), &write);
+    decode({out.get(), out_stride}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(), dt,
+           stream.get());
+    GPULAB_CHECK(cudaStreamSynchronize(stream.get()));
+    for (int64_t s = 0; s < num_seqs; ++s) {  // what the reference reads there
+      std::copy_n(q.host.begin() + s * q_stride + qd, kvd, k_cache.host.begin() + newest_slots[s] * kvd);
+      std::copy_n(q.host.begin() + s * q_stride + qd + kvd, kvd, v_cache.host.begin() + newest_slots[s] * kvd);
+    }
+  } else {
+    decode({out.get(), out_stride}, {q.get(), q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(), dt,
+           nullptr);
+  }
   std::vector<float> want(num_seqs * out_stride);
   for (int64_t s = 0; s < num_seqs; ++s) {
     const auto k = pages.gather(k_cache.host, s, lens[s], kvd), v = pages.gather(v_cache.host, s, lens[s], kvd);
@@ -363,7 +403,8 @@ void check_decode(DecodeFn decode, const AttentionCase& c, DType dt, const std::
                   v.data(), kvd, 1, lens[s] - 1, shape, 8);
   }
   expect_rows_close(out.download(), want, num_seqs, qd, out_stride, dt, tensor_cores ? tensor_core_atol(dt) : 2e-5f,
-                    case_label(tensor_cores ? "tensor-core decode" : "decode", c, dt) + " pages of " +
+                    case_label(tensor_cores ? "tensor-core decode" : "decode", c, dt) +
+                        (settled ? " settled" : "") + " pages of " +
                         std::to_string(block_size) + " max_len " +
                         std::to_string(max_len));
 }
@@ -371,7 +412,7 @@ void check_decode(DecodeFn decode, const AttentionCase& c, DType dt, const std::
 // Head dims 32..256 and GQA groups 1, 2, 3, 4, 8, 12, 16 (3 and 12 run in the kernels for 4 and
 // 16 with heads left over), among them the LLaMA-2-7B (32/32 x 128) and LLaMA-3-8B (32/8 x 128)
 // shapes and every instantiation that loads a split in several stages to spare registers
-// (16-bit: d 64 and 128 at group 16, d 256 at groups 4..16; f32: d 128 at 8 and 16, d 256).
+// (16-bit: d 32, 64 and 128 at group 16, d 256 at groups 2..16; f32: d 128 at 4..16, d 256).
 constexpr AttentionCase kDecodeCases[] = {{32, 4, 2},   {64, 8, 8},   {128, 32, 8}, {128, 64, 8}, {256, 4, 1},
                                           {128, 32, 32}, {128, 32, 2}, {64, 32, 2},  {32, 48, 3}, {256, 32, 2},
                                           {128, 12, 4},  {64, 24, 2},  {256, 8, 4},  {256, 16, 2}};
@@ -468,6 +509,82 @@ TEST(KernelsLlmGpu, DecodeAttentionPageSizesAndSpareBlocks) {
   // Blocks that merge several splits, over pages that straddle them.
   for (const AttentionCase& c : {AttentionCase{128, 32, 8}, AttentionCase{128, 32, 2}})
     check_decode(attention_decode, c, DType::bf16, kDecodeLens, 5000, 24, rng);
+}
+
+// The engine's decode (PagedKv::settled) on both paths, with a length on each side of a split's
+// end, where the newest position is a split's last row or its first.
+TEST(KernelsLlmGpu, DecodeAttentionSettledTakesTheNewestRowAfterTheWait) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  for (const AttentionCase& c : {AttentionCase{128, 32, 32}, AttentionCase{128, 64, 8}, AttentionCase{64, 16, 2}})
+    for (DType dt : {DType::bf16, DType::f16}) {
+      check_decode(attention_decode, c, dt, kDecodeLens, 5000, 16, rng, true);
+      check_decode(attention_decode_cuda_cores, c, dt, kDecodeLens, 5000, 16, rng, true);
+    }
+}
+
+// PagedKv::append against rope() with a cache store, then the decode: the same output bits, and
+// the same cache bits (the last sequence has no slot: nothing stored, its output not compared).
+// Length 5000 gives blocks two splits, so the newest position is a block's second split there.
+void check_decode_append(DecodeFn decode, const AttentionCase& c, DType dt, std::mt19937& rng) {
+  std::vector<int32_t> lens = kDecodeLens;
+  lens.push_back(70);
+  const int64_t num_seqs = lens.size(), block_size = 16, max_len = 5000;
+  const PagedCache pages(lens, block_size, rng);
+  auto d_lens = upload_ints(lens);
+  const AttentionShape shape{c.q_heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+  const int64_t qd = c.q_heads * c.head_dim, kvd = c.kv_heads * c.head_dim, q_stride = qd + 2 * kvd;
+  std::vector<int32_t> positions(num_seqs), slots(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    positions[s] = std::uniform_int_distribution<int32_t>(0, 8191)(rng);
+    slots[s] = s + 1 < num_seqs ? static_cast<int32_t>(pages.slot(s, lens[s] - 1)) : -1;
+  }
+  auto d_positions = upload_ints(positions), d_slots = upload_ints(slots);
+  std::vector<float> inv_freq(c.head_dim / 2);
+  for (int64_t i = 0; i < c.head_dim / 2; ++i) inv_freq[i] = 1.0f / std::pow(10000.0f, 2.0f * i / c.head_dim);
+  const auto table = device_rope_table(inv_freq, 8192);
+  const auto k_values = uniform(pages.total_blocks * block_size * kvd, rng, -2, 2);
+  const auto v_values = uniform(k_values.size(), rng, -2, 2), qkv_values = uniform(num_seqs * q_stride, rng, -2, 2);
+  core::DeviceBuffer<std::byte> ws(attention_decode_workspace(num_seqs, max_len, shape));
+  const size_t es = core::dtype_size(dt);
+  struct Run {
+    std::vector<float> out, k_cache, v_cache;
+  };
+  const auto run = [&](bool append) {
+    DeviceTensor k_cache(k_values, dt), v_cache(v_values, dt), qkv(qkv_values, dt);
+    auto out = DeviceTensor::poisoned(num_seqs * qd, dt);
+    auto* q = static_cast<std::byte*>(qkv.get());
+    const DecodeAppend added{{q + qd * es, q_stride}, {q + (qd + kvd) * es, q_stride}, d_positions.get(),
+                             d_slots.get(), table.get()};
+    if (!append) {
+      const RopeCacheWrite write{k_cache.get(), v_cache.get(), q + (qd + kvd) * es, q_stride, d_slots.get()};
+      rope({q, q_stride, c.q_heads}, {q + qd * es, q_stride, c.kv_heads}, d_positions.get(), table.get(), num_seqs,
+           c.head_dim, dt, nullptr, &write);
+    }
+    const PagedKv kv{k_cache.get(), v_cache.get(), pages.d_table.get(), pages.max_blocks, block_size, false,
+                     append ? &added : nullptr};
+    decode({out.get(), qd}, {q, q_stride}, kv, d_lens.get(), num_seqs, max_len, shape, ws.get(), dt, nullptr);
+    Run r{out.download(), k_cache.download(), v_cache.download()};
+    r.out.resize((num_seqs - 1) * qd);
+    return r;
+  };
+  const Run want = run(false), got = run(true);
+  const std::string what = case_label("decode append", c, dt);
+  EXPECT_EQ(got.out, want.out) << what;
+  EXPECT_EQ(got.k_cache, want.k_cache) << what;
+  EXPECT_EQ(got.v_cache, want.v_cache) << what;
+}
+
+TEST(KernelsLlmGpu, DecodeAttentionAppendsAsRopeThenDecode) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(24);
+  for (const AttentionCase& c : {AttentionCase{128, 32, 32}, AttentionCase{128, 64, 8}, AttentionCase{64, 16, 2},
+                                 AttentionCase{256, 8, 4}, AttentionCase{32, 4, 2}})
+    for (DType dt : kActivationTypes) check_decode_append(attention_decode, c, dt, rng);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    check_decode_append(attention_decode_cuda_cores, AttentionCase{128, 64, 8}, dt, rng);
+    check_decode_append(attention_decode_tensor_cores, AttentionCase{128, 32, 32}, dt, rng);
+  }
 }
 
 TEST(KernelsLlmGpu, KvCacheWriteScattersToSlots) {

@@ -32,10 +32,9 @@ TEST(KernelsLlmGpu, RopeWritesTheKvCacheAsKvCacheWriteDoes) {
     slots.resize(tokens);
     slots[3] = -1;  // padding: written nowhere
     core::DeviceBuffer<int32_t> d_pos(tokens), d_slots(tokens);
-    core::DeviceBuffer<float> d_inv(d / 2);
+    const auto table = device_rope_table(inv_freq, 4096);
     GPULAB_CHECK(cudaMemcpy(d_pos.get(), pos.data(), tokens * 4, cudaMemcpyHostToDevice));
     GPULAB_CHECK(cudaMemcpy(d_slots.get(), slots.data(), tokens * 4, cudaMemcpyHostToDevice));
-    GPULAB_CHECK(cudaMemcpy(d_inv.get(), inv_freq.data(), d * 2, cudaMemcpyHostToDevice));
     for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
       const std::vector<float> qkv_values = uniform(tokens * width, rng, -2, 2);
       const std::vector<float> k_values = uniform(slots_total * row, rng), v_values = uniform(slots_total * row, rng);
@@ -44,11 +43,11 @@ TEST(KernelsLlmGpu, RopeWritesTheKvCacheAsKvCacheWriteDoes) {
       const size_t es = core::dtype_size(dt);
       auto* a = static_cast<std::byte*>(qkv_a.get());
       auto* b = static_cast<std::byte*>(qkv_b.get());
-      rope({a, width, qh}, {a + qh * d * es, width, kvh}, d_pos.get(), d_inv.get(), tokens, d, dt, nullptr);
+      rope({a, width, qh}, {a + qh * d * es, width, kvh}, d_pos.get(), table.get(), tokens, d, dt, nullptr);
       kv_cache_write(k_a.get(), v_a.get(), {a + qh * d * es, width}, {a + (qh + kvh) * d * es, width}, d_slots.get(),
                      tokens, kvh, d, dt, nullptr);
       const RopeCacheWrite cache{k_b.get(), v_b.get(), b + (qh + kvh) * d * es, width, d_slots.get()};
-      rope({b, width, qh}, {b + qh * d * es, width, kvh}, d_pos.get(), d_inv.get(), tokens, d, dt, nullptr, &cache);
+      rope({b, width, qh}, {b + qh * d * es, width, kvh}, d_pos.get(), table.get(), tokens, d, dt, nullptr, &cache);
       const std::string what = "d " + std::to_string(d) + " " + dtype_label(dt);
       expect_close(qkv_b.download(), qkv_a.download(), 0, 0, "qkv " + what);
       expect_close(k_b.download(), k_a.download(), 0, 0, "k cache " + what);

@@ -1,0 +1,90 @@
+// PagedKv::append for the decode split kernels (CUDA-core and tensor-core): the new token of each
+// sequence, rotated by rope and stored in the cache by the block whose split holds the newest
+// position. Include from .cu files.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/rope.cuh"
+
+namespace gpulab::kernels {
+
+// DecodeAppend typed for the kernels, with the cache; k is null where the decode does not append.
+template <class T>
+struct NewTokens {
+  const T* k = nullptr;
+  const T* v = nullptr;
+  int64_t k_stride = 0, v_stride = 0;
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;
+  const float2* rope_table = nullptr;
+  T* k_cache = nullptr;  // the cache the split kernels read through PagedKv, written at slots
+  T* v_cache = nullptr;
+
+  // Element i of the newest position's key and value (kv head kvh of sequence seq): the new
+  // token's, rotated and stored at its slot, where the decode appends; else the cache's, at
+  // cache_slot (the position's slot by the block table).
+  template <int D>
+  __device__ void newest(int seq, int kvh, int kv_heads, int64_t cache_slot, int i, T& key, T& value) const {
+    if (k) {
+      key = key_at<D>(seq, kvh, kv_heads, i);
+      value = value_at<D>(seq, kvh, kv_heads, i);
+      return;
+    }
+    const int64_t at = (cache_slot * kv_heads + kvh) * D + i;
+    key = k_cache[at];
+    value = v_cache[at];
+  }
+
+  // Element i of q row `seq`'s head `head` as rope() leaves it (q not rotated where k is null).
+  template <int D>
+  __device__ float q_at(const T* q, int64_t q_stride, int seq, int head, int i) const {
+    const T* row = q + seq * q_stride + static_cast<int64_t>(head) * D;
+    return static_cast<float>(k ? rope_at<T, D>(row, i, angles<D>(seq)) : row[i]);
+  }
+
+  // Sequence seq's row of the rope table.
+  template <int D>
+  __device__ const float2* angles(int seq) const {
+    return rope_table + static_cast<int64_t>(positions[seq]) * (D / 2);
+  }
+
+  // Element i of sequence seq's new key, rotated, or value, for kv head kvh; the calling thread
+  // also stores it at the sequence's slot.
+ private:
+  template <int D>
+  __device__ T key_at(int seq, int kvh, int kv_heads, int i) const {
+    const T key = rope_at<T, D>(k + seq * k_stride + static_cast<int64_t>(kvh) * D, i, angles<D>(seq));
+    store<D>(k_cache, seq, kvh, kv_heads, i, key);
+    return key;
+  }
+  template <int D>
+  __device__ T value_at(int seq, int kvh, int kv_heads, int i) const {
+    const T value = v[seq * v_stride + static_cast<int64_t>(kvh) * D + i];
+    store<D>(v_cache, seq, kvh, kv_heads, i, value);
+    return value;
+  }
+
+  template <int D>
+  __device__ void store(T* cache, int seq, int kvh, int kv_heads, int i, T value) const {
+    const int32_t slot = slots[seq];
+    if (slot >= 0) cache[(static_cast<int64_t>(slot) * kv_heads + kvh) * D + i] = value;
+  }
+};
+
+template <class T>
+NewTokens<T> new_tokens_of(const PagedKv& kv) {
+  // The split kernels only read the cache; the append is the decode's one write to it.
+  NewTokens<T> t;
+  t.k_cache = static_cast<T*>(const_cast<void*>(kv.k_cache));
+  t.v_cache = static_cast<T*>(const_cast<void*>(kv.v_cache));
+  if (const DecodeAppend* a = kv.append) {
+    t.k = static_cast<const T*>(a->k.data), t.v = static_cast<const T*>(a->v.data);
+    t.k_stride = a->k.stride, t.v_stride = a->v.stride;
+    t.positions = a->positions, t.slots = a->slots, t.rope_table = a->rope_table;
+  }
+  return t;
+}
+
+}  // namespace gpulab::kernels
