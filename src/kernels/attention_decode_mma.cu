@@ -101,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   if (settled) pdl_wait();
   if (((len - 1) / kSplit - first) % blocks == 0) {  // the block's last split holds the newest position
     const int64_t slot = static_cast<int64_t>(table[(len - 1) / block_size]) * block_size + (len - 1) % block_size;
-    for (int i = tid; i < D; i += kThreads) added.template newest<D>(seq, kvh, kv_heads, slot, i, newest_k[i], newest_v[i]);
+    for (int i = tid; i < D; i += kThreads)
+      added.template newest<D>(seq, kvh, kv_heads, slot, i, newest_k[i], newest_v[i]);
   }
   // Q: the group's heads, zero past it; rotated here where the decode appends.
   const T* q_rows = q + seq * q_stride + static_cast<int64_t>(kvh * group) * D;

@@ -1,6 +1,6 @@
-// PagedKv::append for the decode split kernels (CUDA-core and tensor-core): the new token of each
-// sequence, rotated by rope and stored in the cache by the block whose split holds the newest
-// position. Include from .cu files.
+// The newest position of each sequence for the decode split kernels (CUDA-core and tensor-core):
+// from the cache, or with PagedKv::append from the new token, which the block whose split holds
+// the newest position rotates by rope and stores in the cache. Include from .cu files.
 #pragma once
 
 #include <cstdint>
@@ -50,9 +50,10 @@ struct NewTokens {
     return rope_table + static_cast<int64_t>(positions[seq]) * (D / 2);
   }
 
+
+ private:
   // Element i of sequence seq's new key, rotated, or value, for kv head kvh; the calling thread
   // also stores it at the sequence's slot.
- private:
   template <int D>
   __device__ T key_at(int seq, int kvh, int kv_heads, int i) const {
     const T key = rope_at<T, D>(k + seq * k_stride + static_cast<int64_t>(kvh) * D, i, angles<D>(seq));
