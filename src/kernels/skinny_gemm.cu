@@ -545,13 +545,19 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWe
   else run.template operator()<2>();
 }
 
-// Slabs per block: two where that still gives two blocks per SM (each block reads x, L2 traffic
-// beside W's, for twice the channels), else one. e4m3 past 8 rows takes one: two measured no
-// faster (session 17, 16 rows: qkv 3.02 against 3.12 TB/s, gate_up 3.43 against 3.31, a 70B step
-// 22.88 against 22.85 ms). (Four did not pay at any size in sessions 9-16.)
+// Slabs per block (a block: 16 · S channels; each block reads all of x, L2 traffic beside W's).
+// bf16 takes one slab while that fits the grid in one wave of two blocks an SM, else two: fewer,
+// longer blocks rather than a second, mostly empty wave. Session 21, bench llm batch 16, this
+// rule against the earlier one (two slabs only where that still fills a wave), same binary:
+// 13B (o_proj/down: 320 one-slab blocks for 264 places) 8.426-8.461 → 8.164-8.171 ms a step, 8B
+// (qkv: 384) 4.511-4.524 → 4.494-4.495; two slabs where one fits (7B/8B o_proj/down) lost 3 %.
+// e4m3 keeps the earlier rule, and past 8 rows one slab: two measured no faster there (session
+// 17, 16 rows: qkv 3.02 against 3.12 TB/s, gate_up 3.43 against 3.31, a 70B step 22.88 against
+// 22.85 ms). (Four did not pay at any size in sessions 9-16.)
 int slabs_per_block(int64_t m, int64_t n, bool fp8) {
-  if (fp8 && m > 8) return 1;
-  return (n + 31) / 32 >= 2 * current_sm_count() ? 2 : 1;
+  const int64_t places = 2 * static_cast<int64_t>(current_sm_count());
+  if (fp8) return m <= 8 && (n + 31) / 32 >= places ? 2 : 1;
+  return (n + 15) / 16 > places ? 2 : 1;
 }
 
 template <class T, class Out, SkinnyPrologue P>
