@@ -10,6 +10,7 @@
 #include "kernels/attention_mma.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/decode_append.cuh"
+#include "kernels/fast_divmod.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/pdl.h"
 
@@ -209,7 +210,7 @@ __device__ inline void unpack(float (&out)[N], const uint4& raw) {
 template <class T, int D, int G>
 __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlocks)
     decode_split_kernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* block_table,
-                        int64_t max_blocks, int block_size, const int32_t* seq_lens, bool settled,
+                        int64_t max_blocks, FastDivmod pages, const int32_t* seq_lens, bool settled,
                         NewTokens<T> added, int kv_heads, int group, float scale, float* part_o, float* part_m,
                         float* part_l) {
   using Tile = DecodeTile<T, D, G>;
@@ -235,21 +236,32 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlock
   }
   const int q_heads = kv_heads * group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // The new token's rope angle for this thread's elements of q and of the key (every one
+  // tid % (D/2)), before pdl_wait where the metadata is settled.
+  static_assert(kDecodeThreads % (D / 2) == 0, "a thread's elements share their rope angle");
+  const float2 cs = added.k ? added.template angle<D>(seq, tid) : float2{};
   // This thread's row slot, and its columns: kChunks runs of kVec starting at col(c).
   const int row = tid / kLanes, lane_in_row = tid % kLanes;
   auto col = [&](int c) { return (lane_in_row + c * kLanes) * kVec; };
   const int32_t* table = block_table + seq * max_blocks;
   // Row j of a split is pass j / kRows of thread row j % kRows.
   auto row_of = [&](int stage, int p) { return (stage * kStage + p) * kRows + row; };
+  // The cache slot of position pos, by the block table.
+  auto slot_of = [&](int pos) {
+    const int page = pages.div(pos);
+    return table[page] * pages.divisor() + pages.mod(pos, page);
+  };
   // Requests this thread's keys or values of one stage of the split at s0 (n rows). Rows past n
   // read row n - 1 again (already on its way; rows from `cached` on are not used): without a
-  // branch per row, every load of the stage issues before the first one is waited on.
+  // branch per row, every load of the stage issues before the first one is waited on. The
+  // slots come first, so that the block table's loads are in flight together too.
   auto load_stage = [&](uint4 (&raw)[kStage][kChunks], const T* cache, int s0, int n, int stage) {
+    int32_t slots[kStage];
+#pragma unroll
+    for (int p = 0; p < kStage; ++p) slots[p] = slot_of(s0 + min(row_of(stage, p), n - 1));
 #pragma unroll
     for (int p = 0; p < kStage; ++p) {
-      const int pos = s0 + min(row_of(stage, p), n - 1);
-      const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-      const T* at = cache + (slot * kv_heads + kvh) * D;
+      const T* at = cache + (static_cast<int64_t>(slots[p]) * kv_heads + kvh) * D;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) raw[p][c] = *reinterpret_cast<const uint4*>(at + col(c));
     }
@@ -265,11 +277,19 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlock
     if (split == first) {  // after the loads above, so q travels with them
       if (settled) pdl_wait();
       constexpr int kQPerThread = (G * D + kDecodeThreads - 1) / kDecodeThreads;
-      float qv[kQPerThread];  // all requested before any is stored
+      float qv[kQPerThread];  // all requested before any is stored, the newest row's loads too
 #pragma unroll
       for (int i = 0; i < kQPerThread; ++i) {
         const int idx = tid + i * kDecodeThreads;
-        qv[i] = idx < group * D ? added.template q_at<D>(q, q_stride, seq, kvh * group + idx / D, idx % D) : 0.f;
+        qv[i] = idx < group * D ? added.template q_at<D>(q, q_stride, seq, kvh * group + idx / D, idx % D, cs) : 0.f;
+      }
+      if (((len - 1) / kSplit - first) % blocks == 0) {  // the block's last split holds the newest position
+        const int64_t slot = slot_of(len - 1);
+        for (int i = tid; i < D; i += kDecodeThreads) {
+          T key, value;
+          added.template newest<D>(seq, kvh, kv_heads, slot, i, cs, key, value);
+          newest_k[i] = static_cast<float>(key), newest_v[i] = static_cast<float>(value);
+        }
       }
 #pragma unroll
       for (int i = 0; i < kQPerThread; ++i) {
@@ -277,14 +297,6 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlock
         if (idx < group * D) qs[idx / D][idx % D] = qv[i] * scale, run_o[idx / D][idx % D] = 0.f;
       }
       if (tid < group) run_m[tid] = -INFINITY, run_l[tid] = 0.f;
-      if (((len - 1) / kSplit - first) % blocks == 0) {  // the block's last split holds the newest position
-        const int64_t slot = static_cast<int64_t>(table[(len - 1) / block_size]) * block_size + (len - 1) % block_size;
-        for (int i = tid; i < D; i += kDecodeThreads) {
-          T key, value;
-          added.template newest<D>(seq, kvh, kv_heads, slot, i, key, value);
-          newest_k[i] = static_cast<float>(key), newest_v[i] = static_cast<float>(value);
-        }
-      }
     }
     __syncthreads();  // q and the newest row are in; the previous split's scores and partials are consumed
 
@@ -578,7 +590,7 @@ void decode(DecodePath path, const DecodeOut& out, ConstRows q, const PagedKv& k
           launch_overlapped(decode_split_kernel<T, D, G>, dim3(shape.kv_heads, num_seqs, blocks),
                             dim3(kDecodeThreads), smem, stream, static_cast<const T*>(q.data), q.stride,
                             static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache), kv.block_table,
-                            kv.max_blocks_per_seq, static_cast<int>(kv.block_size), seq_lens, kv.settled,
+                            kv.max_blocks_per_seq, FastDivmod(kv.block_size), seq_lens, kv.settled,
                             new_tokens_of<T>(kv), static_cast<int>(shape.kv_heads), group, shape.scale, part_o,
                             part_m, part_l);
         });

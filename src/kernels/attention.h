@@ -7,7 +7,8 @@
 //   kv_cache_write     scatter new keys/values into their cache slots
 // The paged cache of one layer holds K and V as [num_blocks, block_size, kv_heads, head_dim];
 // sequence s owns blocks block_table[s, 0..], so position p lives in slot
-// block_table[s, p / block_size] · block_size + p % block_size.
+// block_table[s, p / block_size] · block_size + p % block_size, below 2^31 (the engine's slots
+// are int32 too).
 // Supported head_dim: 32, 64, 128, 256.
 #pragma once
 
@@ -57,10 +58,10 @@ struct PagedKv {
   int64_t max_blocks_per_seq;
   int64_t block_size;
   // Decode only. Set where each sequence's positions but its newest were cached, and the block
-  // table and lengths copied, before the stream's run of overlapped kernels that leads to the
-  // decode began (an earlier forward pass; a copy, then this pass's kernels): the split kernels
-  // then request those rows before pdl_wait, while the kernels ahead still run, and the newest
-  // row and q after it.
+  // table, the lengths and the append's positions and slots copied, before the stream's run of
+  // overlapped kernels that leads to the decode began (an earlier forward pass; a copy, then this
+  // pass's kernels): the split kernels then request those rows and the new token's rope angles
+  // before pdl_wait, while the kernels ahead still run, and the newest row and q after it.
   bool settled = false;
   const DecodeAppend* append = nullptr;  // decode only; the cache is then written at its slots
 };

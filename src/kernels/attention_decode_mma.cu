@@ -98,19 +98,25 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   cp_async_commit();  // group: K
   older_rows(v_cache, vs, split * kSplit);
   cp_async_commit();  // group: V
+  // The new token's rope angle for this thread's elements of Q and of the key (every one
+  // tid % (D/2)), before pdl_wait where the metadata is settled.
+  static_assert(kThreads % (D / 2) == 0, "a thread's elements share their rope angle");
+  const float2 cs = added.k ? added.template angle<D>(seq, tid) : float2{};
   if (settled) pdl_wait();
   if (((len - 1) / kSplit - first) % blocks == 0) {  // the block's last split holds the newest position
     const int64_t slot = static_cast<int64_t>(table[(len - 1) / block_size]) * block_size + (len - 1) % block_size;
     for (int i = tid; i < D; i += kThreads)
-      added.template newest<D>(seq, kvh, kv_heads, slot, i, newest_k[i], newest_v[i]);
+      added.template newest<D>(seq, kvh, kv_heads, slot, i, cs, newest_k[i], newest_v[i]);
   }
   // Q: the group's heads, zero past it; rotated here where the decode appends.
   const T* q_rows = q + seq * q_stride + static_cast<int64_t>(kvh * group) * D;
   if (added.k) {
-#pragma unroll 1  // unrolled, its loads would hold registers the rest of the kernel needs
+    // By 4, so that 4 rows' loads are in flight together; fully unrolled, they would hold
+    // registers the rest of the kernel needs.
+#pragma unroll 4
     for (int idx = tid; idx < kHeadRows * D; idx += kThreads) {
       const int r = idx / D, i = idx % D;
-      qs[r * kLd + i] = r < group ? rope_at<T, D>(q_rows + r * D, i, added.template angles<D>(seq)) : T(0.f);
+      qs[r * kLd + i] = r < group ? rope_at<T, D>(q_rows + r * D, i, cs) : T(0.f);
     }
   } else {
 #pragma unroll

@@ -22,14 +22,32 @@ struct NewTokens {
   T* k_cache = nullptr;  // the cache the split kernels read through PagedKv, written at slots
   T* v_cache = nullptr;
 
-  // Element i of the newest position's key and value (kv head kvh of sequence seq): the new
-  // token's, rotated and stored at its slot, where the decode appends; else the cache's, at
-  // cache_slot (the position's slot by the block table).
+  // The rope angle of element i of sequence seq's new token, for q's heads and the key alike
+  // (entry i % (D/2) of its position's row of the rope table); only where the decode appends.
+  // The positions are metadata: with PagedKv::settled it may be read before pdl_wait.
   template <int D>
-  __device__ void newest(int seq, int kvh, int kv_heads, int64_t cache_slot, int i, T& key, T& value) const {
+  __device__ float2 angle(int seq, int i) const {
+    return rope_table[static_cast<int64_t>(positions[seq]) * (D / 2) + i % (D / 2)];
+  }
+
+  // Element i of the newest position's key and value (kv head kvh of sequence seq): the new
+  // token's, rotated by cs (angle(seq, i)) and stored at its slot, where the decode appends; else
+  // the cache's, at cache_slot (the position's slot by the block table).
+  template <int D>
+  __device__ void newest(int seq, int kvh, int kv_heads, int64_t cache_slot, int i, float2 cs, T& key,
+                         T& value) const {
     if (k) {
-      key = key_at<D>(seq, kvh, kv_heads, i);
-      value = value_at<D>(seq, kvh, kv_heads, i);
+      // Every load before the first store: the key's and value's loads and the slot's travel
+      // together (a store to the cache could alias a later load, which would then wait for it).
+      const int32_t slot = slots[seq];
+      const T* key_row = k + seq * k_stride + static_cast<int64_t>(kvh) * D;
+      value = v[seq * v_stride + static_cast<int64_t>(kvh) * D + i];
+      key = rope_at<T, D>(key_row, i, cs);
+      if (slot >= 0) {
+        const int64_t at = (static_cast<int64_t>(slot) * kv_heads + kvh) * D + i;
+        k_cache[at] = key;
+        v_cache[at] = value;
+      }
       return;
     }
     const int64_t at = (cache_slot * kv_heads + kvh) * D + i;
@@ -37,40 +55,12 @@ struct NewTokens {
     value = v_cache[at];
   }
 
-  // Element i of q row `seq`'s head `head` as rope() leaves it (q not rotated where k is null).
+  // Element i of q row `seq`'s head `head` as rope() leaves it, rotated by cs (angle(seq, i))
+  // where the decode appends (else not rotated, and cs is not read).
   template <int D>
-  __device__ float q_at(const T* q, int64_t q_stride, int seq, int head, int i) const {
+  __device__ float q_at(const T* q, int64_t q_stride, int seq, int head, int i, float2 cs) const {
     const T* row = q + seq * q_stride + static_cast<int64_t>(head) * D;
-    return static_cast<float>(k ? rope_at<T, D>(row, i, angles<D>(seq)) : row[i]);
-  }
-
-  // Sequence seq's row of the rope table.
-  template <int D>
-  __device__ const float2* angles(int seq) const {
-    return rope_table + static_cast<int64_t>(positions[seq]) * (D / 2);
-  }
-
-
- private:
-  // Element i of sequence seq's new key, rotated, or value, for kv head kvh; the calling thread
-  // also stores it at the sequence's slot.
-  template <int D>
-  __device__ T key_at(int seq, int kvh, int kv_heads, int i) const {
-    const T key = rope_at<T, D>(k + seq * k_stride + static_cast<int64_t>(kvh) * D, i, angles<D>(seq));
-    store<D>(k_cache, seq, kvh, kv_heads, i, key);
-    return key;
-  }
-  template <int D>
-  __device__ T value_at(int seq, int kvh, int kv_heads, int i) const {
-    const T value = v[seq * v_stride + static_cast<int64_t>(kvh) * D + i];
-    store<D>(v_cache, seq, kvh, kv_heads, i, value);
-    return value;
-  }
-
-  template <int D>
-  __device__ void store(T* cache, int seq, int kvh, int kv_heads, int i, T value) const {
-    const int32_t slot = slots[seq];
-    if (slot >= 0) cache[(static_cast<int64_t>(slot) * kv_heads + kvh) * D + i] = value;
+    return static_cast<float>(k ? rope_at<T, D>(row, i, cs) : row[i]);
   }
 };
 

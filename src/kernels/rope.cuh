@@ -16,14 +16,14 @@ __device__ inline float rope_element(float self, float partner, float2 cs, bool 
   return __fadd_rn(__fmul_rn(self, cs.x), first_half ? -turn : turn);
 }
 
-// Element i of a head's row (D elements, not yet rotated) rotated by the angles of its
-// position (rope_table's row, D/2 pairs), rounded to T as rope() stores it.
+// Element i of a head's row (D elements, not yet rotated) rotated by its angle cs (entry
+// i % (D/2) of its position's row of rope_table), rounded to T as rope() stores it.
 template <class T, int D>
-__device__ inline T rope_at(const T* head, int i, const float2* angles) {
+__device__ inline T rope_at(const T* head, int i, float2 cs) {
   constexpr int kHalf = D / 2;
   const bool first_half = i < kHalf;
   const float partner = static_cast<float>(head[first_half ? i + kHalf : i - kHalf]);
-  return static_cast<T>(rope_element(static_cast<float>(head[i]), partner, angles[i % kHalf], first_half));
+  return static_cast<T>(rope_element(static_cast<float>(head[i]), partner, cs, first_half));
 }
 
 }  // namespace gpulab::kernels
