@@ -206,7 +206,9 @@ __device__ inline void unpack(float (&out)[N], const uint4& raw) {
 // position goes through shared memory, the others through registers: its key and value come
 // from the cache after pdl_wait, or, with `added` (PagedKv::append), from the new token, which the
 // block stores in the cache (q is then rotated here too). `settled` (PagedKv::settled): the first
-// split's keys and values are requested before pdl_wait.
+// split's keys and values, and the new token's rope angle, are requested before pdl_wait, so
+// that q and the new token take one memory round trip after it, not a chain of them (position,
+// then rope table, then the cache store and the value).
 template <class T, int D, int G>
 __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlocks)
     decode_split_kernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* block_table,
