@@ -15,6 +15,7 @@ namespace gpulab::kernels {
 namespace {
 
 constexpr int kWarps = 8;    // K is split over the warps of a block
+constexpr int kBlocksPerSm = 2;  // both tensor-core kernels: their registers and tiles are sized for it
 constexpr int kWeightLoads = 16;  // 16-byte weight loads each lane keeps in flight
 using e4m3 = __nv_fp8_e4m3;
 // Elements of T in one 16-byte load.
@@ -157,7 +158,7 @@ __device__ inline void store_sums(float (*partial)[S * 16][MT * 8 + 1], const fl
 // The prologue kernel (rmsnorm, swiglu): each lane loads its own fragment pieces of W and x
 // straight into registers, the next step's while this one is summed, and builds the input.
 template <class T, class Out, SkinnyPrologue P, int S, int MT>
-__global__ void __launch_bounds__(kWarps * 32, 2)
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     skinny_gemm_kernel(Out* y, bool accumulate, const void* x, const T* norm_w, float eps, const T* w,
                        const float* w_scales, const float* row_scales, int m, int64_t n, int64_t k) {
   static_assert(P != SkinnyPrologue::none, "plain inputs take skinny_tiles_kernel");
@@ -288,7 +289,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // and a 70B fp8 decode step at batch 16 22.85 against 25.94 ms. (A ring of each lane's own pieces,
 // the same loads deeper in flight, was no faster than registers: not the depth, the pattern.)
 constexpr int kTileBytes = 128;
-constexpr int kTileSmem = 96 * 1024;  // of tiles a block: two blocks an SM
+constexpr int kTileSmem = 96 * 1024;  // of tiles a block, kBlocksPerSm blocks an SM
+static_assert(kBlocksPerSm * (kTileSmem + 1024) <= 228 * 1024,
+              "kBlocksPerSm blocks' tiles fit an SM's shared memory (sm_90: 228 KB, 1 KB of it reserved a block)");
 
 template <int S, int MT>
 struct Tiles {
@@ -299,7 +302,7 @@ struct Tiles {
 };
 
 template <class T, class Out, int S, int MT>
-__global__ void __launch_bounds__(kWarps * 32, 2)
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     skinny_tiles_kernel(Out* y, bool accumulate, const T* x, const T* w, const float* w_scales,
                         const float* row_scales, int m, int64_t n, int64_t k) {
   using L = Tiles<S, MT>;
@@ -546,7 +549,7 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWe
 }
 
 // Slabs per block (a block: 16 · S channels; each block reads all of x, L2 traffic beside W's).
-// bf16 takes one slab while that fits the grid in one wave of two blocks an SM, else two: fewer,
+// bf16 takes one slab while that fits the grid in one wave (kBlocksPerSm an SM), else two: fewer,
 // longer blocks rather than a second, mostly empty wave. Session 21, bench llm batch 16, this
 // rule against the earlier one (two slabs only where that still fills a wave), same binary:
 // 13B (o_proj/down: 320 one-slab blocks for 264 places) 8.426-8.461 → 8.164-8.171 ms a step, 8B
@@ -555,7 +558,7 @@ void launch_gemv(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWe
 // 17, 16 rows: qkv 3.02 against 3.12 TB/s, gate_up 3.43 against 3.31, a 70B step 22.88 against
 // 22.85 ms). (Four did not pay at any size in sessions 9-16.)
 int slabs_per_block(int64_t m, int64_t n, bool fp8) {
-  const int64_t places = 2 * static_cast<int64_t>(current_sm_count());
+  const int64_t places = kBlocksPerSm * static_cast<int64_t>(current_sm_count());
   if (fp8) return m <= 8 && (n + 31) / 32 >= places ? 2 : 1;
   return (n + 15) / 16 > places ? 2 : 1;
 }
