@@ -10,7 +10,7 @@
 #include "kernels/attention_mma.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/decode_append.cuh"
-#include "kernels/fast_divmod.h"
+#include "kernels/invariant_divisor.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/pdl.h"
 
@@ -212,7 +212,7 @@ __device__ inline void unpack(float (&out)[N], const uint4& raw) {
 template <class T, int D, int G>
 __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlocks)
     decode_split_kernel(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* block_table,
-                        int64_t max_blocks, FastDivmod pages, const int32_t* seq_lens, bool settled,
+                        int64_t max_blocks, InvariantDivisor pages, const int32_t* seq_lens, bool settled,
                         NewTokens<T> added, int kv_heads, int group, float scale, float* part_o, float* part_m,
                         float* part_l) {
   using Tile = DecodeTile<T, D, G>;
@@ -592,7 +592,7 @@ void decode(DecodePath path, const DecodeOut& out, ConstRows q, const PagedKv& k
           launch_overlapped(decode_split_kernel<T, D, G>, dim3(shape.kv_heads, num_seqs, blocks),
                             dim3(kDecodeThreads), smem, stream, static_cast<const T*>(q.data), q.stride,
                             static_cast<const T*>(kv.k_cache), static_cast<const T*>(kv.v_cache), kv.block_table,
-                            kv.max_blocks_per_seq, FastDivmod(kv.block_size), seq_lens, kv.settled,
+                            kv.max_blocks_per_seq, InvariantDivisor(kv.block_size), seq_lens, kv.settled,
                             new_tokens_of<T>(kv), static_cast<int>(shape.kv_heads), group, shape.scale, part_o,
                             part_m, part_l);
         });

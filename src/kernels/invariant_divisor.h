@@ -3,23 +3,26 @@
 // (Granlund and Montgomery, "Division by invariant integers using multiplication", 1994). A
 // 32-bit `/` by a run-time value is about 20 instructions in SASS; the CUDA-core decode kernel
 // divides a position by the page size for every row it reads. (The tensor-core kernels' gather,
-// PagedGather, keeps `/`: with FastDivmod, ptxas spilled 4-8 bytes in the decode one at five
+// PagedGather, keeps `/`: with this class, ptxas spilled 4-8 bytes in the decode one at five
 // blocks an SM.)
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <stdexcept>
+#include <string>
+
+#include "core/error.h"
 
 namespace gpulab::kernels {
 
-class FastDivmod {
+class InvariantDivisor {
  public:
-  FastDivmod() = default;
+  InvariantDivisor() = default;
   // divisor in [1, 2^31): shift = ceil(log2 divisor), multiplier = 2^32 (2^shift − divisor) / divisor + 1.
-  explicit FastDivmod(int64_t divisor) : divisor_(static_cast<uint32_t>(divisor)) {
-    if (divisor < 1 || divisor >= (int64_t{1} << 31)) throw std::invalid_argument("FastDivmod: divisor out of range");
+  explicit InvariantDivisor(int64_t divisor) : divisor_(static_cast<uint32_t>(divisor)) {
+    if (divisor < 1 || divisor >= (int64_t{1} << 31))
+      throw core::Error("InvariantDivisor: divisor " + std::to_string(divisor) + " is outside [1, 2^31)");
     while ((uint64_t{1} << shift_) < divisor_) ++shift_;
     multiplier_ = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift_) - divisor_)) / divisor_ + 1);
   }
