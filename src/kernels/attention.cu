@@ -10,8 +10,8 @@
 #include "kernels/attention_mma.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/decode_append.cuh"
-#include "kernels/invariant_divisor.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/invariant_divisor.h"
 #include "kernels/pdl.h"
 
 namespace gpulab::kernels {
