@@ -7,17 +7,11 @@
 #include "kernels/block_reduce.cuh"
 #include "kernels/fp8_quant.h"
 #include "kernels/pdl.h"
+#include "kernels/silu.cuh"
 
 namespace gpulab::kernels {
 
 namespace {
-
-// silu(g) · u rounded to T: the value both kernels write (or quantize).
-template <class T>
-__device__ inline T silu_times(T g, T u) {
-  const float gf = static_cast<float>(g);
-  return static_cast<T>(gf / (1.0f + expf(-gf)) * static_cast<float>(u));
-}
 
 template <class T>
 __global__ void silu_mul_kernel(T* out, const T* gate_up, int64_t rows, int64_t inter) {

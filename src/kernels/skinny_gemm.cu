@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kernels/mma_ptx.h"
 #include "kernels/pdl.h"
+#include "kernels/silu.cuh"
 #include "kernels/skinny_gemm.h"
 
 namespace gpulab::kernels {
@@ -120,14 +121,16 @@ __device__ inline void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t 
   else mma_16816<T>(d, a, b0, b1);
 }
 
-// The end of both tensor-core kernels: each warp's sums acc[s][j] (channels n0 + 16s + g, + 8 for
-// [2] and [3]; rows 8j + 2t, + 1 for [1] and [3]) meet in `partial` (shared memory, free for it),
-// are summed in warp order (deterministic), scaled (e4m3: channel and row scales) and written or
-// added to y.
-template <class T, class Out, int S, int MT>
+// The end of both tensor-core kernels: each warp's sums acc[s][j] (slab s's channels 16s + g, + 8
+// for [2] and [3]; rows 8j + 2t, + 1 for [1] and [3]) meet in `partial` (shared memory, free for
+// it), are summed in warp order (deterministic), scaled (e4m3: channel and row scales) and
+// written or added to y, from column n0 of its `width`. swiglu: slab 0 holds the gate channels
+// and slab 1 the matching up channels; each pair, rounded to Out, is gated into one column.
+template <class T, class Out, int S, int MT, SkinnyEpilogue E = SkinnyEpilogue::none>
 __device__ inline void store_sums(float (*partial)[S * 16][MT * 8 + 1], const float (&acc)[S][MT][4], Out* y,
-                                  bool accumulate, const float* w_scales, const float* row_scales, int m, int64_t n,
-                                  int64_t n0) {
+                                  bool accumulate, const float* w_scales, const float* row_scales, int m,
+                                  int64_t width, int64_t n0) {
+  static_assert(E == SkinnyEpilogue::none || (S == 2 && std::is_same_v<Out, T>), "swiglu: a gate and an up slab, in T");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int s = 0; s < S; ++s)
@@ -136,14 +139,23 @@ __device__ inline void store_sums(float (*partial)[S * 16][MT * 8 + 1], const fl
 #pragma unroll
       for (int i = 0; i < 4; ++i) partial[warp][s * 16 + g + 8 * (i / 2)][j * 8 + 2 * t + i % 2] = acc[s][j][i];
   __syncthreads();
-  for (int i = threadIdx.x; i < m * S * 16; i += kWarps * 32) {
-    const int r = i / (S * 16), c = i % (S * 16);
-    if (n0 + c >= n) continue;
+  const auto sum_of = [&](int c, int r) {
     float sum = 0.f;
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) sum += partial[v][c][r];
+    return sum;
+  };
+  constexpr int kColumns = E == SkinnyEpilogue::swiglu ? 16 : S * 16;
+  for (int i = threadIdx.x; i < m * kColumns; i += kWarps * 32) {
+    const int r = i / kColumns, c = i % kColumns;
+    if (n0 + c >= width) continue;
+    Out* out = y + r * width + n0 + c;
+    if constexpr (E == SkinnyEpilogue::swiglu) {
+      *out = silu_times(static_cast<T>(sum_of(c, r)), static_cast<T>(sum_of(16 + c, r)));
+      continue;
+    }
+    float sum = sum_of(c, r);
     if constexpr (std::is_same_v<T, e4m3>) sum *= w_scales[n0 + c] * row_scales[r];
-    Out* out = y + r * n + n0 + c;
     if constexpr (std::is_same_v<Out, float>)
       *out = accumulate ? *out + sum : sum;
     else
@@ -301,16 +313,25 @@ struct Tiles {
   static constexpr size_t kBytes = size_t{kStages} * kWarps * kStepBytes;
 };
 
-template <class T, class Out, int S, int MT>
+template <class T, class Out, int S, int MT, SkinnyEpilogue E>
 __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     skinny_tiles_kernel(Out* y, bool accumulate, const T* x, const T* w, const float* w_scales,
                         const float* row_scales, int m, int64_t n, int64_t k) {
   using L = Tiles<S, MT>;
   constexpr int D = L::kStages, kRows = L::kRows;
   constexpr int64_t kStepK = kTileBytes / sizeof(T);
+  constexpr bool kSwiGlu = E == SkinnyEpilogue::swiglu;
   extern __shared__ uint4 ring[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S * 16;
+  // The block's first output column: of S · 16 channels, or (swiglu) of 16 gate channels of the
+  // first half of W, whose up channels are as far into the second.
+  const int64_t width = kSwiGlu ? n / 2 : n;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (kSwiGlu ? 16 : S * 16);
+  // W row of tile row r; rows past the output's width repeat its last (not stored).
+  const auto w_row = [&](int r) {
+    if constexpr (kSwiGlu) return w + ((r / 16) * width + std::min(n0 + r % 16, width - 1)) * k;
+    else return w + std::min(n0 + r, n - 1) * k;
+  };
   const uint32_t ring_base = smem_addr(ring);
   // Piece p (16 bytes) of this warp's tile row r in `stage`, odd rows' halves swapped: the
   // fragment reads below take a 128-byte line per quarter warp without bank conflicts.
@@ -318,15 +339,14 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     return ((stage * kWarps + warp) * kRows + r) * kTileBytes + ((p ^ ((r & 1) << 2)) * 16);
   };
   // Warp step c covers k from c·kStepK; lane l copies piece l % 8 of rows l / 8 + 4i. Pieces past
-  // k, and x rows past m, are zeros copied without a memory access; W rows past n repeat row n - 1.
+  // k, and x rows past m, are zeros copied without a memory access.
   const int p_copy = lane % 8;
   const auto copy_w = [&](int stage, int64_t c) {
     const int64_t kk = c * kStepK + p_copy * kPerLoad<T>;
 #pragma unroll
     for (int i = 0; i < 4 * S; ++i) {
       const int r = i * 4 + lane / 8;
-      const T* row = w + std::min(n0 + r, n - 1) * k;
-      cp_async16_or_zero(ring_base + offset(stage, r, p_copy), row + (kk < k ? kk : 0), kk < k);
+      cp_async16_or_zero(ring_base + offset(stage, r, p_copy), w_row(r) + (kk < k ? kk : 0), kk < k);
     }
   };
   const auto copy_x = [&](int stage, int64_t c) {
@@ -392,7 +412,8 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   __syncthreads();     // ... nor a warp reading them: the sums take their place
   using Partial = float[S * 16][MT * 8 + 1];
   static_assert(sizeof(Partial) * kWarps <= L::kBytes);
-  store_sums<T, Out, S, MT>(reinterpret_cast<Partial*>(ring), acc, y, accumulate, w_scales, row_scales, m, n, n0);
+  store_sums<T, Out, S, MT, E>(reinterpret_cast<Partial*>(ring), acc, y, accumulate, w_scales, row_scales, m, width,
+                               n0);
 }
 
 // The GEMV for m ≤ kGemvMaxRows: one warp per output channel at a time, plain FMAs (a 16-byte
@@ -563,11 +584,11 @@ int slabs_per_block(int64_t m, int64_t n, bool fp8) {
   return (n + 15) / 16 > places ? 2 : 1;
 }
 
-template <class T, class Out, SkinnyPrologue P>
+template <class T, class Out, SkinnyPrologue P, SkinnyEpilogue E = SkinnyEpilogue::none>
 void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w, int64_t m, int64_t n,
                 int64_t k, cudaStream_t stream) {
-  constexpr bool fp8 = std::is_same_v<T, e4m3>;
-  const int s = slabs_per_block(m, n, fp8);
+  constexpr bool fp8 = std::is_same_v<T, e4m3>, swiglu = E == SkinnyEpilogue::swiglu;
+  const int s = swiglu ? 2 : slabs_per_block(m, n, fp8);  // swiglu: a gate slab and its up slab
   const auto run = [&]<int S, int MT>() {
     launch_overlapped(skinny_gemm_kernel<T, Out, P, S, MT>, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))),
                       dim3(kWarps * 32), 0, stream, static_cast<Out*>(y), accumulate, in.x,
@@ -575,15 +596,19 @@ void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWei
                       in.row_scales, static_cast<int>(m), n, k);
   };
   const auto run_tiles = [&]<int S, int MT>() {
-    const auto kernel = skinny_tiles_kernel<T, Out, S, MT>;
+    const auto kernel = skinny_tiles_kernel<T, Out, S, MT, E>;
     constexpr size_t smem = Tiles<S, MT>::kBytes;
+    constexpr int64_t kColumns = swiglu ? 16 : 16 * S;  // of y, a block
+    const int64_t blocks = ((swiglu ? n / 2 : n) + kColumns - 1) / kColumns;
     GPULAB_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    launch_overlapped(kernel, dim3(static_cast<unsigned>((n + 16 * S - 1) / (16 * S))), dim3(kWarps * 32), smem,
+    launch_overlapped(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), smem,
                       stream, static_cast<Out*>(y), accumulate, static_cast<const T*>(in.x),
                       static_cast<const T*>(w.w), w.scales, in.row_scales, static_cast<int>(m), n, k);
   };
   const auto with_slabs = [&]<int MT>() {
-    if constexpr (P == SkinnyPrologue::none) {
+    if constexpr (swiglu) {
+      run_tiles.template operator()<2, MT>();
+    } else if constexpr (P == SkinnyPrologue::none) {
       if (s == 2) run_tiles.template operator()<2, MT>();
       else run_tiles.template operator()<1, MT>();
     } else {
@@ -618,7 +643,8 @@ bool skinny_gemm_fits(int64_t m, int64_t k, core::DType w_dtype) {
 }
 
 void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w,
-                 int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel) {
+                 int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel,
+                 SkinnyEpilogue epilogue) {
   using core::DType;
   const bool fp8 = w.dtype == DType::f8e4m3, w8a8 = in.row_scales != nullptr;
   if (w.dtype != DType::bf16 && w.dtype != DType::f16 && !fp8)
@@ -643,11 +669,23 @@ void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInpu
                       std::to_string(kGemvMaxInputBytes / 1024) + " KiB of bf16 or fp16 inputs together, not " + sizes);
   if (kernel == SkinnyKernel::mma && weight_only)
     throw core::Error("skinny_gemm: e4m3 weights beside bf16 inputs run on the GEMV only");
+  const bool swiglu = epilogue == SkinnyEpilogue::swiglu;
+  if (swiglu && (fp8 || in.prologue != SkinnyPrologue::none || y_dtype != w.dtype || n % 2 != 0 ||
+                 kernel == SkinnyKernel::gemv))
+    throw core::Error("skinny_gemm: the swiglu epilogue takes bf16 or fp16 weights, plain inputs and an even n (" +
+                      sizes + ") on the tiles kernel, and writes the weights' dtype");
   const bool gemv = !w8a8 && (kernel == SkinnyKernel::gemv ||
                               (kernel == SkinnyKernel::automatic && skinny_gemv_fits(m, k, w.dtype)));
   const bool norm = in.prologue == SkinnyPrologue::rmsnorm;
   if (!aligned16(y) || !aligned16(in.x) || !aligned16(w.w) || (norm && !aligned16(in.norm_weight)))
     throw core::Error("skinny_gemm: x, w, y and the norm weight must start on 16-byte boundaries");
+  if (swiglu) {
+    core::dispatch_activation(w.dtype, [&]<class T>() {
+      if constexpr (!std::is_same_v<T, float>)
+        launch_mma<T, T, SkinnyPrologue::none, SkinnyEpilogue::swiglu>(y, false, in, w, m, n, k, stream);
+    });
+    return;
+  }
   if (w8a8) {
     if (y_dtype == DType::f32) launch_mma<e4m3, float, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);
     else launch_mma<e4m3, __nv_bfloat16, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);

@@ -24,6 +24,13 @@ namespace gpulab::kernels {
 
 enum class SkinnyPrologue { none, rmsnorm, swiglu };
 
+// An epilogue can finish the output the same way, removing the small kernel that would read it:
+//   swiglu: W [n, k] is a fused gate/up projection (gate rows, then as many up rows); y [m, n/2]
+//           is silu(x·Wgateᵀ) · (x·Wupᵀ), each product rounded to the output's dtype first:
+//           the bits of skinny_gemm into [m, n] followed by kernels::silu_mul. Takes plain bf16 or
+//           fp16 inputs and weights (the tensor-core tiles kernel at every m), y in their dtype.
+enum class SkinnyEpilogue { none, swiglu };
+
 struct SkinnyInput {
   const void* x = nullptr;  // none: [m, k] in the weights' dtype; rmsnorm: float [m, k]; swiglu: [m, 2k]
   SkinnyPrologue prologue = SkinnyPrologue::none;
@@ -66,9 +73,11 @@ bool skinny_gemv_fits(int64_t m, int64_t k, core::DType w_dtype = core::DType::b
 // y [m, n] in y_dtype: the weights' dtype, bf16 beside e4m3 weights (written), or float32
 // (written, or added to with `accumulate`: the residual stream). The activations are in the
 // weights' dtype, or bf16 or e4m3 (row_scales) beside e4m3 weights; x, w, norm_weight and y start
-// on 16-byte boundaries. Throws core::Error for sizes skinny_gemm_fits refuses.
+// on 16-byte boundaries. Throws core::Error for sizes skinny_gemm_fits refuses, and for an
+// epilogue beside what it does not take.
 void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInput& in, const SkinnyWeights& w,
-                 int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel = SkinnyKernel::automatic);
+                 int64_t m, int64_t n, int64_t k, cudaStream_t stream, SkinnyKernel kernel = SkinnyKernel::automatic,
+                 SkinnyEpilogue epilogue = SkinnyEpilogue::none);
 
 // y[m, n] += x[m, k] · w[n, k]ᵀ in double (the input already through its prologue).
 void skinny_gemm_ref(double* y, const float* x, const float* w, int64_t m, int64_t n, int64_t k);

@@ -237,10 +237,13 @@ struct CudaEngine::Impl {
     return {weights.get() + L.w, L.dtype, scales};
   }
 
-  // y = input·Wᵀ (+ y with beta 1, into float) by skinny_gemm, the input through its prologue.
-  // fp8 layers run weight-only there (the GEMV): the bf16 input is not quantized.
-  void skinny_linear(const Linear& L, const kernels::SkinnyInput& in, void* y, DType y_type, int64_t m, float beta) {
-    kernels::skinny_gemm(y, y_type, beta != 0.f, in, skinny_weights(L), m, L.n, L.k, *stream);
+  // y = input·Wᵀ (+ y with beta 1, into float) by skinny_gemm, the input through its prologue and
+  // the output through its epilogue. fp8 layers run weight-only there (the GEMV): the bf16 input
+  // is not quantized.
+  void skinny_linear(const Linear& L, const kernels::SkinnyInput& in, void* y, DType y_type, int64_t m, float beta,
+                     kernels::SkinnyEpilogue epilogue = kernels::SkinnyEpilogue::none) {
+    kernels::skinny_gemm(y, y_type, beta != 0.f, in, skinny_weights(L), m, L.n, L.k, *stream,
+                         kernels::SkinnyKernel::automatic, epilogue);
   }
 
   static Linear plan_linear(Arena& arena, int64_t n, int64_t k, DType dtype) {
@@ -592,8 +595,12 @@ struct CudaEngine::Impl {
         w8a8_linear(L.down, x.get(), DType::f32, n, residual_beta());  // x += mlp
       } else {
         kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
-        dense(L.gate_up, xn.get(), gate_up.get(), kAct, 0.f);
-        kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
+        if (plain) {  // the SwiGLU gate in gate_up's epilogue: the same bits, one kernel fewer
+          skinny_linear(L.gate_up, {xn.get()}, act.get(), kAct, n, 0.f, kernels::SkinnyEpilogue::swiglu);
+        } else {
+          dense(L.gate_up, xn.get(), gate_up.get(), kAct, 0.f);
+          kernels::silu_mul(act.get(), gate_up.get(), n, inter, kAct, *stream);
+        }
         dense(L.down, act.get(), x.get(), DType::f32, residual_beta());  // x += mlp
       }
       all_reduce_residual(n);

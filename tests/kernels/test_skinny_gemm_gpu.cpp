@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <cstring>
@@ -283,6 +284,53 @@ TEST(SkinnyGemmGpu, TilesKernelSmallShapes) {
     }
 }
 
+// The swiglu epilogue writes the bits of the unfused pair: the tiles kernel into the whole
+// gate/up row, then silu_mul; rows past m stay poisoned. `inter`: gate (and up) channels.
+void expect_swiglu_epilogue_is_the_unfused_pair(DType dt, int64_t inter, int64_t k, std::span<const int64_t> rows,
+                                                 std::mt19937& rng) {
+  const int64_t n = 2 * inter;
+  Case c(dt, SkinnyPrologue::none, n, k, rng);
+  for (int64_t m : rows) {
+    const std::string what =
+        dtype_label(dt) + " inter " + std::to_string(inter) + " k " + std::to_string(k) + " m " + std::to_string(m);
+    auto gate_up = DeviceTensor::poisoned(m * n, dt);
+    auto want = DeviceTensor::poisoned((kRows + 1) * inter, dt);
+    auto got = DeviceTensor::poisoned((kRows + 1) * inter, dt);
+    skinny_gemm(gate_up.get(), dt, false, c.in(), c.weights(), m, n, k, nullptr, SkinnyKernel::mma);
+    silu_mul(want.get(), gate_up.get(), m, inter, dt, nullptr);
+    skinny_gemm(got.get(), dt, false, c.in(), c.weights(), m, n, k, nullptr, SkinnyKernel::automatic,
+                SkinnyEpilogue::swiglu);
+    const std::vector<float> a = want.download(), b = got.download();
+    int bad = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const bool same = std::isnan(a[i]) ? std::isnan(b[i]) : a[i] == b[i];
+      if (!same && ++bad <= 5) ADD_FAILURE() << what << " element " << i << ": got " << b[i] << ", want " << a[i];
+    }
+    EXPECT_EQ(bad, 0) << what;
+    EXPECT_TRUE(std::isfinite(b[m * inter - 1]) && std::isnan(b[m * inter])) << what;
+  }
+}
+
+// bf16 and fp16, every row count: one gate channel, a partial slab (37), k tails past whole tiles.
+// Small enough for compute-sanitizer's racecheck.
+TEST(SkinnyGemmGpu, SwiGluEpilogueOddShapesEveryRowCount) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(48);
+  std::vector<int64_t> every(kRows);
+  std::iota(every.begin(), every.end(), 1);
+  for (DType dt : {DType::bf16, DType::f16})
+    for (auto [inter, k] : {std::pair<int64_t, int64_t>{1, 8}, {37, 72}, {200, 1048}})
+      expect_swiglu_epilogue_is_the_unfused_pair(dt, inter, k, every, rng);
+}
+
+// LLaMA-2 7B gate_up at the row counts the engine's plain decode takes it (3 to 16).
+TEST(SkinnyGemmGpu, SwiGluEpilogueSevenBGateUp) {
+  GPULAB_REQUIRE_GPU();
+  std::mt19937 rng(49);
+  const int64_t rows[] = {3, 8, 9, 16};
+  expect_swiglu_epilogue_is_the_unfused_pair(DType::bf16, 11008, 4096, rows, rng);
+}
+
 // Back to back on one stream, the second launch (programmatic dependent launch) starts while
 // the first runs: it must still read the first's output, not the poison under it. At 16 rows
 // (the tensor-core kernel) and at 1 (the GEMV).
@@ -369,6 +417,19 @@ TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   refused(buf.get(), DType::f32, false, {buf.get(), DType::f8e4m3}, 1, 64);  // no scales
   refused(buf.get(), DType::f32, false, {buf.get(), DType::bf16, fp8.scales}, 1, 64);
   refused(buf.get(), DType::f8e4m3, false, fp8, 1, 64);  // writes bf16 or float32
+  // The swiglu epilogue: plain bf16/fp16 inputs and weights, an even n, y in their dtype, the tiles kernel.
+  const auto swiglu_refused = [&](const SkinnyInput& x, const SkinnyWeights& w, DType y_dt, int64_t n,
+                                  SkinnyKernel kernel) {
+    EXPECT_THROW(skinny_gemm(buf.get(), y_dt, false, x, w, 1, n, 64, nullptr, kernel, SkinnyEpilogue::swiglu),
+                 core::Error)
+        << dtype_label(w.dtype) << " -> " << dtype_label(y_dt) << " n " << n;
+  };
+  swiglu_refused(in, bf16, DType::bf16, 7, SkinnyKernel::automatic);
+  swiglu_refused(in, bf16, DType::f32, 8, SkinnyKernel::automatic);
+  swiglu_refused(in, bf16, DType::bf16, 8, SkinnyKernel::gemv);
+  swiglu_refused(in, fp8, DType::bf16, 8, SkinnyKernel::automatic);
+  swiglu_refused({buf.get(), SkinnyPrologue::rmsnorm, buf.get(), 1e-5f}, bf16, DType::bf16, 8, SkinnyKernel::mma);
+  swiglu_refused(quantized, fp8, DType::bf16, 8, SkinnyKernel::mma);
 }
 
 }  // namespace
