@@ -16,8 +16,8 @@ constexpr int kThreads = 512;
 constexpr int kCached = 16;  // elements per thread held in registers between the two passes
 
 // One block per row. Decode normalizes a handful of rows, so a row's loads must all be in
-// flight at once: each thread issues its kCached loads of the row and of the weight before using
-// any, so the weight's latency hides behind the row's and the reduction's (rows up to
+// flight at once: each thread issues its kCached loads of the weight (before the wait on the
+// kernel before, which writes the row) and of the row before using any (rows up to
 // kThreads · kCached read memory once; longer rows are read again for the output). The output
 // is rounded to Out; with q given, that row is then quantized to e4m3 with its own scale, as
 // fp8_quantize quantizes Out rows per row (its amax over the rounded values, the same division).
@@ -25,15 +25,20 @@ template <class Out, class In>
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(Out* out, __nv_fp8_storage_t* q, float* scales, const In* in,
                                                            const Out* weight, int64_t dim, float eps) {
   pdl_launch_dependents();
+  // The weight is constant (kernels/pdl.h): its loads go out before the wait, the row's after it.
+  float v[kCached], w[kCached];
+#pragma unroll
+  for (int j = 0; j < kCached; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kThreads;
+    w[j] = i < dim ? static_cast<float>(weight[i]) : 0.f;
+  }
   pdl_wait();
   const In* x = in + blockIdx.x * dim;
-  float v[kCached], w[kCached];
   float sum_sq = 0.f;
 #pragma unroll
   for (int j = 0; j < kCached; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kThreads;
     v[j] = i < dim ? static_cast<float>(x[i]) : 0.f;
-    w[j] = i < dim ? static_cast<float>(weight[i]) : 0.f;
   }
 #pragma unroll
   for (int j = 0; j < kCached; ++j) sum_sq += v[j] * v[j];

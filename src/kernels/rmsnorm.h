@@ -1,5 +1,7 @@
 // RMSNorm as LLaMA uses it: out = weight · x / sqrt(mean(x²) + eps), per row, math in float32.
-// `weight` has the dtype of `out`; `in` may differ (a float32 residual stream into bf16).
+// `weight` has the dtype of `out`; `in` may differ (a float32 residual stream into bf16). The
+// kernels launch overlapped (kernels/pdl.h) and read `weight` before they wait on the kernel
+// before them: it must be constant, as model weights are.
 #pragma once
 
 #include <cuda_runtime_api.h>
