@@ -595,7 +595,9 @@ struct CudaEngine::Impl {
         w8a8_linear(L.down, x.get(), DType::f32, n, residual_beta());  // x += mlp
       } else {
         kernels::rmsnorm(xn.get(), kAct, x.get(), DType::f32, w(L.mlp_norm), n, h, eps, *stream);
-        if (plain) {  // the SwiGLU gate in gate_up's epilogue: the same bits, one kernel fewer
+        // The SwiGLU gate in gate_up's epilogue (the same bits, one kernel fewer) where the pass
+        // takes the tiles kernel; passes the GEMV takes (1-2 rows) keep it and silu_mul.
+        if (plain && !kernels::skinny_gemv_fits(n, h)) {
           skinny_linear(L.gate_up, {xn.get()}, act.get(), kAct, n, 0.f, kernels::SkinnyEpilogue::swiglu);
         } else {
           dense(L.gate_up, xn.get(), gate_up.get(), kAct, 0.f);
