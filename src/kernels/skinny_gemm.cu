@@ -121,6 +121,12 @@ __device__ inline void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t 
   else mma_16816<T>(d, a, b0, b1);
 }
 
+// Columns of y one block of the tensor-core kernels writes: its S slabs of 16 channels, or
+// (swiglu) 16 from a gate slab and its up slab. And the columns of y: W's rows, or half of them.
+template <int S, SkinnyEpilogue E>
+constexpr int kBlockColumns = E == SkinnyEpilogue::swiglu ? 16 : 16 * S;
+constexpr int64_t output_width(int64_t n, SkinnyEpilogue e) { return e == SkinnyEpilogue::swiglu ? n / 2 : n; }
+
 // The end of both tensor-core kernels: each warp's sums acc[s][j] (slab s's channels 16s + g, + 8
 // for [2] and [3]; rows 8j + 2t, + 1 for [1] and [3]) meet in `partial` (shared memory, free for
 // it), are summed in warp order (deterministic), scaled (e4m3: channel and row scales) and
@@ -145,7 +151,7 @@ __device__ inline void store_sums(float (*partial)[S * 16][MT * 8 + 1], const fl
     for (int v = 0; v < kWarps; ++v) sum += partial[v][c][r];
     return sum;
   };
-  constexpr int kColumns = E == SkinnyEpilogue::swiglu ? 16 : S * 16;
+  constexpr int kColumns = kBlockColumns<S, E>;
   for (int i = threadIdx.x; i < m * kColumns; i += kWarps * 32) {
     const int r = i / kColumns, c = i % kColumns;
     if (n0 + c >= width) continue;
@@ -325,8 +331,8 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // The block's first output column: of S · 16 channels, or (swiglu) of 16 gate channels of the
   // first half of W, whose up channels are as far into the second.
-  const int64_t width = kSwiGlu ? n / 2 : n;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (kSwiGlu ? 16 : S * 16);
+  const int64_t width = output_width(n, E);
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockColumns<S, E>;
   // W row of tile row r; rows past the output's width repeat its last (not stored).
   const auto w_row = [&](int r) {
     if constexpr (kSwiGlu) return w + ((r / 16) * width + std::min(n0 + r % 16, width - 1)) * k;
@@ -598,8 +604,8 @@ void launch_mma(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWei
   const auto run_tiles = [&]<int S, int MT>() {
     const auto kernel = skinny_tiles_kernel<T, Out, S, MT, E>;
     constexpr size_t smem = Tiles<S, MT>::kBytes;
-    constexpr int64_t kColumns = swiglu ? 16 : 16 * S;  // of y, a block
-    const int64_t blocks = ((swiglu ? n / 2 : n) + kColumns - 1) / kColumns;
+    constexpr int kColumns = kBlockColumns<S, E>;
+    const int64_t blocks = (output_width(n, E) + kColumns - 1) / kColumns;
     GPULAB_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     launch_overlapped(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), smem,
                       stream, static_cast<Out*>(y), accumulate, static_cast<const T*>(in.x),
