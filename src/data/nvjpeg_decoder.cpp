@@ -4,13 +4,23 @@
 // call that fails (corrupt data) is retried one level down, so a bad file costs time, never a crash.
 // GPULAB_NVJPEG_HARDWARE=0 leaves the hardware engines out (the GPU-hybrid backend takes their
 // images): a way around an engine or driver fault without leaving the GPU pipeline.
+#include <fcntl.h>
 #include <nvjpeg.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <initializer_list>
 #include <memory>
+#include <string>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "data/gpu_decode.h"
 
 namespace gpulab::data {
@@ -91,6 +101,62 @@ struct Backend {
   }
 };
 
+// The JPEG engines of this process's GPU, held by one decoder at a time across processes. Three
+// training processes decoding on the engines of one H200 at once hung in every round of session 24
+// (5 of 5, driver 580.159.04): nvjpegDecodeBatched waited in cuEventSynchronize for a decode that
+// never finished. Taking turns through an flock on a file named by the GPU's UUID, all 6 rounds
+// finished, as fast as before; the hybrid backend never hung. A file that cannot be opened (another
+// user's, say) leaves the decoder without the lock, with a warning. GPULAB_NVJPEG_ENGINE_LOCK=0 also
+// goes without: the A/B of TrainerPipelineGpu.ProcessesSharingTheJpegEnginesAllFinish.
+class EngineLock {
+ public:
+  EngineLock() {
+    if (core::env_switch("GPULAB_NVJPEG_ENGINE_LOCK") == false) return;
+    int device = 0;
+    cudaDeviceProp prop{};
+    GPULAB_CHECK(cudaGetDevice(&device));
+    GPULAB_CHECK(cudaGetDeviceProperties(&prop, device));
+    std::string uuid;
+    for (const char byte : prop.uuid.bytes) {
+      char hex[3];
+      std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(byte));
+      uuid += hex;
+    }
+    path_ = (std::filesystem::temp_directory_path() / ("gpulab-jpeg-engines-" + uuid + ".lock")).string();
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd_ < 0) {
+      core::log_warn("nvJPEG: cannot open ", path_, " (", std::strerror(errno),
+                     "): decoding on the JPEG engines without taking turns with other processes");
+      return;
+    }
+    ::fchmod(fd_, 0666);  // the next user's process may take turns too (fails harmlessly where not ours)
+  }
+  ~EngineLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  EngineLock(const EngineLock&) = delete;
+  EngineLock& operator=(const EngineLock&) = delete;
+
+  // Holds the engines while `decode` runs and `stream`'s work (what the decode queued) finishes.
+  template <class F>
+  bool with_engines(cudaStream_t stream, F&& decode) {
+    if (fd_ < 0) return decode();
+    while (::flock(fd_, LOCK_EX) != 0)
+      if (errno != EINTR) throw core::Error("nvJPEG: flock " + path_ + ": " + std::strerror(errno));
+    struct Unlock {
+      int fd;
+      ~Unlock() { ::flock(fd, LOCK_UN); }
+    } unlock{fd_};
+    const bool ok = decode();
+    GPULAB_CHECK(cudaStreamSynchronize(stream));
+    return ok;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 class NvjpegBatchDecoder : public BatchDecoder {
  public:
   explicit NvjpegBatchDecoder(int threads) : cpu_(make_cpu_batch_decoder(threads)) {
@@ -98,6 +164,7 @@ class NvjpegBatchDecoder : public BatchDecoder {
     // libjpeg's "fancy" upsampling; a library without that flag creates it plain.
     hardware_off_ = hardware_switched_off();
     has_hardware_ = !hardware_off_ && hardware_.create(NVJPEG_BACKEND_HARDWARE, {NVJPEG_FLAGS_DEFAULT});
+    if (has_hardware_) engines_ = std::make_unique<EngineLock>();
     if (!hybrid_.create(NVJPEG_BACKEND_GPU_HYBRID, {NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, NVJPEG_FLAGS_DEFAULT}))
       throw core::Error("nvJPEG: cannot create the GPU-hybrid backend");
     check(nvjpegJpegStreamCreate(primary().handle, &parsed_), "creating a stream parser");
@@ -125,7 +192,10 @@ class NvjpegBatchDecoder : public BatchDecoder {
       else if (!supported(primary())) (has_hardware_ ? to_hybrid : to_cpu).push_back(i);
       else (has_hardware_ ? to_hardware : to_hybrid).push_back(i);
     }
-    if (hardware_.decode(images, dst, to_hardware, stream)) stats_.hardware += int64_t(to_hardware.size());
+    const bool hardware_ok = to_hardware.empty() || engines_->with_engines(stream, [&] {
+      return hardware_.decode(images, dst, to_hardware, stream);
+    });
+    if (hardware_ok) stats_.hardware += int64_t(to_hardware.size());
     else to_hybrid.insert(to_hybrid.end(), to_hardware.begin(), to_hardware.end());
     if (hybrid_.decode(images, dst, to_hybrid, stream)) stats_.gpu_hybrid += int64_t(to_hybrid.size());
     else to_cpu.insert(to_cpu.end(), to_hybrid.begin(), to_hybrid.end());
@@ -152,6 +222,7 @@ class NvjpegBatchDecoder : public BatchDecoder {
 
   std::unique_ptr<BatchDecoder> cpu_;
   Backend hardware_, hybrid_;
+  std::unique_ptr<EngineLock> engines_;  // with hardware_ only
   bool has_hardware_ = false;
   bool hardware_off_ = false;  // GPULAB_NVJPEG_HARDWARE=0
   nvjpegJpegStream_t parsed_ = nullptr;

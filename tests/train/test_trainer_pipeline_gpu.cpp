@@ -1,11 +1,16 @@
 // `gpulab train --pipeline gpu` end to end: the GPU loader feeds the network, learns the `shapes`
-// task as the CPU loader does, skips a corrupt file, and starts from the CPU pipeline's inputs.
+// task as the CPU loader does, skips a corrupt file, starts from the CPU pipeline's inputs, and
+// runs in several processes on one GPU at once.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "common/gpu.h"
+#include "common/run_command.h"
 #include "common/temp_dir.h"
 #include "data/dataset.h"
 #include "train/trainer.h"
@@ -84,4 +89,40 @@ TEST(TrainerPipelineGpu, FirstStepLossAgreesWithTheCpuPipeline) {
   std::printf("first-step loss: cpu pipeline %.6f, gpu pipeline %.6f\n", first[0], first[1]);
   ASSERT_TRUE(std::isfinite(first[1]));
   EXPECT_NEAR(first[1], first[0], 5e-3 * std::abs(first[0]));
+}
+
+// Training processes that decode on one GPU's JPEG engines at once all finish. Before the decoders
+// took turns (EngineLock, src/data/nvjpeg_decoder.cpp), three processes of this file's tests hung
+// in nvJPEG's hardware decode in every round (session 24); processes that only load batches, with
+// no training beside them, did not. Each run is bounded by timeout(1), so a hang fails the test
+// as exit 124 instead of stopping it.
+TEST(TrainerPipelineGpu, ProcessesSharingTheJpegEnginesAllFinish) {
+  GPULAB_REQUIRE_GPU();
+  gpulab::testing::TempDir dir("train_gpu_pipeline_processes");
+  data::MakeOptions mo;
+  mo.classes = 6;
+  mo.train_images = 40;
+  mo.val_images = 1;
+  mo.width = 96;
+  mo.height = 72;
+  mo.seed = 4;
+  mo.threads = 8;
+  data::make_dataset(dir.path, mo);
+  constexpr int kProcesses = 3;
+  std::string script;
+  for (int p = 0; p < kProcesses; ++p) {
+    const std::string out = (dir.path / ("out" + std::to_string(p))).string();
+    script += std::string("(timeout 90 ") + GPULAB_EXE + " train --data " + dir.path.string() +
+              " --pipeline gpu --depth 18 --image-size 64 --batch 24 --steps 150 --precision bf16 > " + out +
+              " 2>&1; echo $? > " + out + ".rc) & ";
+  }
+  gpulab::testing::run_command(script + "wait");
+  for (int p = 0; p < kProcesses; ++p) {
+    const std::string out = (dir.path / ("out" + std::to_string(p))).string();
+    std::ifstream rc_file(out + ".rc"), out_file(out);
+    int rc = -1;
+    rc_file >> rc;
+    const std::string text((std::istreambuf_iterator<char>(out_file)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(rc, 0) << "process " << p << " (124: still running after 90 s):\n" << text;
+  }
 }
