@@ -105,9 +105,11 @@ struct Backend {
 // training processes decoding on the engines of one H200 at once hung in every round of session 24
 // (5 of 5, driver 580.159.04): nvjpegDecodeBatched waited in cuEventSynchronize for a decode that
 // never finished. Taking turns through an flock on a file named by the GPU's UUID, all 6 rounds
-// finished, as fast as before; the hybrid backend never hung. A file that cannot be opened (another
-// user's, say) leaves the decoder without the lock, with a warning. GPULAB_NVJPEG_ENGINE_LOCK=0 also
-// goes without: the A/B of TrainerPipelineGpu.ProcessesSharingTheJpegEnginesAllFinish.
+// finished; a loader beside two others then decoded 13.7-16.4 k images/s, against 14.4-18.2 k in the
+// rounds without turns where it did not hang (bench/results/2026-12-03-h200-s24-nvjpeg-engines.txt).
+// A file that cannot be opened (another user's, say) leaves the decoder without the lock, with a
+// warning. GPULAB_NVJPEG_ENGINE_LOCK=0 also goes without: the A/B of
+// TrainerPipelineGpu.ProcessesSharingTheJpegEnginesAllFinish.
 class EngineLock {
  public:
   EngineLock() {
