@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -18,18 +19,27 @@
 using namespace gpulab;
 using namespace gpulab::train;
 
-TEST(TrainerPipelineGpu, GpuPipelineLearnsShapesAndSkipsACorruptFile) {
-  GPULAB_REQUIRE_GPU();
-  gpulab::testing::TempDir dir("train_gpu_pipeline");
+namespace {
+
+// The `shapes` task at 96x72: 6 classes of 40 training images, and `val_images` each to validate.
+void make_shapes(const std::filesystem::path& dir, int val_images) {
   data::MakeOptions mo;
   mo.classes = 6;
   mo.train_images = 40;
-  mo.val_images = 10;
+  mo.val_images = val_images;
   mo.width = 96;
   mo.height = 72;
   mo.seed = 4;
   mo.threads = 8;
-  data::make_dataset(dir.path, mo);
+  data::make_dataset(dir, mo);
+}
+
+}  // namespace
+
+TEST(TrainerPipelineGpu, GpuPipelineLearnsShapesAndSkipsACorruptFile) {
+  GPULAB_REQUIRE_GPU();
+  gpulab::testing::TempDir dir("train_gpu_pipeline");
+  make_shapes(dir.path, 10);
   const auto victim = dir.path / "train" / "c0002_red_triangle" / "img_000007.JPEG";
   std::ofstream(victim, std::ios::trunc) << "corrupt";
 
@@ -99,15 +109,7 @@ TEST(TrainerPipelineGpu, FirstStepLossAgreesWithTheCpuPipeline) {
 TEST(TrainerPipelineGpu, ProcessesSharingTheJpegEnginesAllFinish) {
   GPULAB_REQUIRE_GPU();
   gpulab::testing::TempDir dir("train_gpu_pipeline_processes");
-  data::MakeOptions mo;
-  mo.classes = 6;
-  mo.train_images = 40;
-  mo.val_images = 1;
-  mo.width = 96;
-  mo.height = 72;
-  mo.seed = 4;
-  mo.threads = 8;
-  data::make_dataset(dir.path, mo);
+  make_shapes(dir.path, 1);
   constexpr int kProcesses = 3;
   std::string script;
   for (int p = 0; p < kProcesses; ++p) {
