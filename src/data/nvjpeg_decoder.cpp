@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <system_error>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -124,7 +125,10 @@ class EngineLock {
       std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(byte));
       uuid += hex;
     }
-    path_ = (std::filesystem::temp_directory_path() / ("gpulab-jpeg-engines-" + uuid + ".lock")).string();
+    std::error_code no_temp;  // $TMPDIR naming no folder: /tmp, rather than no decoder at all
+    std::filesystem::path dir = std::filesystem::temp_directory_path(no_temp);
+    if (no_temp) dir = "/tmp";
+    path_ = (dir / ("gpulab-jpeg-engines-" + uuid + ".lock")).string();
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd_ < 0) {
       core::log_warn("nvJPEG: cannot open ", path_, " (", std::strerror(errno),
