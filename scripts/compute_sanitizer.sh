@@ -94,7 +94,12 @@ run_one() {
   errors=$(grep -hoE 'ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards displayed \([0-9]+ error' "$log" |
     grep -oE '[0-9]+ error' | awk '{s += $1} END {print s + 0}')
   note=$errors
-  ((code == 124)) && note="$errors (timed out)"
+  # A run cut short prints no summary: count the reports it printed before (at most --print-limit),
+  # which session 25 found in training runs that a 0 here had hidden.
+  if ((code == 124)); then
+    errors=$(grep -cE '^========= (Uninitialized|Invalid|Error|Barrier|Race|Program hit)' "$log")
+    note="$errors printed (timed out)"
+  fi
   grep -q '\[  SKIPPED \]' "$log" && note="$errors (skipped)"
   # The sanitizer itself ran out of GPU memory (runs beside it took it): launches went unchecked
   # and the run says nothing about the test, so it is marked and not judged.

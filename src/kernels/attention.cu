@@ -464,10 +464,34 @@ __global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_s
 // decode_combine_kernel for an e4m3 output (a W8A8 o_proj's input): the values it would write in
 // T, each row then quantized with its own scale as fp8_quantize does, bit for bit, in one kernel
 // rather than two. A cluster of kCombineCluster blocks per sequence, each a share of the row's
-// elements; the shares' maxima meet through distributed shared memory. A thread's first kHeld
-// values (a LLaMA row's share: 8192 / 8 / 256 = 4 at 70B) stay in registers between the maximum
-// and the bytes; any further ones are computed again, so that any width fits.
-constexpr int kCombineCluster = 8, kCombineThreads = 256, kHeld = 4;
+// heads; the shares' maxima meet through distributed shared memory. A warp merges one head at a
+// time, a lane D / 32 of its elements (d, d + 32, ...), so that a split's m and l load once and
+// its partial loads are in flight together. A warp's first head (a LLaMA-2-70B row: 64 heads,
+// 8 a block, 1 a warp) stays in registers between the maximum and the bytes; any further ones are
+// merged again, so that any number of heads fits.
+constexpr int kCombineCluster = 8, kCombineThreads = 256, kCombineWarps = kCombineThreads / 32;
+
+// Elements lane, lane + 32, ... of one (head, sequence): combine_partials' arithmetic, rounded to
+// T as decode_combine_kernel writes it, with the running maximum and total shared by the elements.
+template <class T, int D>
+__device__ inline void combine_head(float (&values)[D / 32], const float* part_o, const float* part_m,
+                                    const float* part_l, int64_t base, int used, int lane) {
+  float mx = -INFINITY, total = 0.f, acc[D / 32] = {};
+#pragma unroll 4
+  for (int s = 0; s < used; ++s) {
+    const float m = part_m[base + s], l = part_l[base + s];
+    float o[D / 32];
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) o[k] = part_o[(base + s) * D + lane + 32 * k];
+    const float m_new = fmaxf(mx, m), old_weight = expf(mx - m_new), weight = expf(m - m_new);
+    total = total * old_weight + l * weight;
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) acc[k] = acc[k] * old_weight + o[k] * weight;
+    mx = m_new;
+  }
+#pragma unroll
+  for (int k = 0; k < D / 32; ++k) values[k] = static_cast<float>(static_cast<T>(used ? acc[k] / total : 0.f));
+}
 
 template <class T, int D>
 __global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombineThreads)
@@ -477,28 +501,39 @@ __global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombi
   pdl_wait();
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int seq = blockIdx.x / kCombineCluster, used = used_blocks(seq_lens, seq, blocks);
-  const int width = q_heads * D, share = (width + kCombineCluster - 1) / kCombineCluster;
-  const int begin = cluster.block_rank() * share, end = min(width, begin + share);
-  const auto value = [&](int e) {  // element e of the row, rounded to T as decode_combine_kernel writes it
-    const int64_t base = (static_cast<int64_t>(seq) * q_heads + e / D) * blocks;
-    return static_cast<float>(static_cast<T>(combine_partials(part_o, part_m, part_l, base, used, D, e % D)));
+  const int share = (q_heads + kCombineCluster - 1) / kCombineCluster;
+  const int end = min(q_heads, static_cast<int>(cluster.block_rank() + 1) * share);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int first = static_cast<int>(cluster.block_rank()) * share + warp;
+  const auto head_values = [&](int h, float(&values)[D / 32]) {
+    combine_head<T, D>(values, part_o, part_m, part_l, (static_cast<int64_t>(seq) * q_heads + h) * blocks, used,
+                       lane);
   };
-  const int first = begin + threadIdx.x, rest = first + kHeld * kCombineThreads;
-  float held[kHeld], amax = 0.f;
+  float held[D / 32], amax = 0.f;
+  if (first < end) {
+    head_values(first, held);
 #pragma unroll
-  for (int j = 0; j < kHeld; ++j) {
-    const int e = first + j * kCombineThreads;
-    held[j] = e < end ? value(e) : 0.f;
-    amax = fmaxf(amax, fabsf(held[j]));
+    for (int k = 0; k < D / 32; ++k) amax = fmaxf(amax, fabsf(held[k]));
   }
-  for (int e = rest; e < end; e += kCombineThreads) amax = fmaxf(amax, fabsf(value(e)));
+  for (int h = first + kCombineWarps; h < end; h += kCombineWarps) {
+    float values[D / 32];
+    head_values(h, values);
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) amax = fmaxf(amax, fabsf(values[k]));
+  }
   const float scale = fp8_scale_for_amax(cluster_max<kCombineThreads, kCombineCluster>(amax));
   if (cluster.block_rank() == 0 && threadIdx.x == 0) scales[seq] = scale;
-  __nv_fp8_storage_t* row = out + static_cast<int64_t>(seq) * width;
+  __nv_fp8_storage_t* row = out + static_cast<int64_t>(seq) * q_heads * D;
+  const auto store = [&](int h, const float(&values)[D / 32]) {
 #pragma unroll
-  for (int j = 0; j < kHeld; ++j)
-    if (first + j * kCombineThreads < end) row[first + j * kCombineThreads] = fp8_quantize_value(held[j], scale);
-  for (int e = rest; e < end; e += kCombineThreads) row[e] = fp8_quantize_value(value(e), scale);
+    for (int k = 0; k < D / 32; ++k) row[h * D + lane + 32 * k] = fp8_quantize_value(values[k], scale);
+  };
+  if (first < end) store(first, held);
+  for (int h = first + kCombineWarps; h < end; h += kCombineWarps) {
+    float values[D / 32];
+    head_values(h, values);
+    store(h, values);
+  }
 }
 
 template <class T>

@@ -639,6 +639,9 @@ TransposeTimes ResNet::Impl::time_transposes(const ConvLayer& L) {
   core::DeviceBuffer<std::byte> from(most), to(most);
   cudaStream_t stream{};
   GPULAB_CHECK(cudnnGetStream(cudnn, &stream));
+  // Defined values to move: compute-sanitizer's initcheck flagged the transposes' reads of a
+  // never-written `from` (session 25), and timing should not depend on what the allocator left.
+  GPULAB_CHECK(cudaMemsetAsync(from.get(), 0, most, stream));
   core::EventTimer timer(stream);
   const float one = 1.f, zero = 0.f;
   TransposeTimes t;

@@ -461,7 +461,10 @@ TEST(KernelsLlmGpu, DecodeAttentionFp8QuantizesAsTheTwoKernels) {
   const std::vector<int32_t>& lens = kDecodeLens;
   const int64_t num_seqs = lens.size(), block_size = 16, max_len = 5000;
   auto d_lens = upload_ints(lens);
-  for (const AttentionCase& c : {AttentionCase{128, 64, 8}, AttentionCase{128, 32, 32}, AttentionCase{64, 12, 4}})
+  // 80 heads: 10 for a block of the cluster's 8, more than its 8 warps, so warps merge a second head;
+  // head sizes 32 and 256: a lane's 1 and 8 elements of a head.
+  for (const AttentionCase& c : {AttentionCase{128, 64, 8}, AttentionCase{128, 32, 32}, AttentionCase{64, 12, 4},
+                                 AttentionCase{64, 80, 8}, AttentionCase{32, 4, 2}, AttentionCase{256, 4, 1}})
     for (DType dt : {DType::bf16, DType::f16}) {
       const std::string what = case_label("decode fp8", c, dt);
       const PagedCache pages(lens, block_size, rng);
