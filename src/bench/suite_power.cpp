@@ -1,13 +1,12 @@
 // gpulab bench power: NVML board power while cuBLASLt bf16 GEMMs (8192³) keep the GPU busy, and
 // the TFLOP/s per watt that gives. The GEMM's result is verified first, like in the gemm suite.
-#include <atomic>
 #include <chrono>
-#include <thread>
 
 #include "bench/gemm_data.h"
 #include "bench/suite.h"
 #include "bench/timing.h"
 #include "blas/matmul.h"
+#include "core/gpu_sampler.h"
 #include "core/memory.h"
 #include "core/nvml.h"
 
@@ -41,34 +40,23 @@ void run_power_suite(Context& ctx) {
 
   // A sampling thread reads power every 50 ms while the GEMMs run in timed chunks.
   const double seconds = ctx.quick() ? 3.0 : 10.0;
-  std::atomic<bool> running{true};
-  std::vector<double> watts, temps;
-  std::thread sampler([&] {
-    while (running.load()) {
-      if (auto w = nvml.power_watts(bus)) watts.push_back(*w);
-      if (auto t = nvml.temperature_c(bus)) temps.push_back(*t);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
+  core::GpuSampler sampler(core::nvml_reader(bus), std::chrono::milliseconds(50));
   std::vector<double> tflops;
   std::optional<unsigned> clock_during;
-  try {
-    core::EventTimer timer(stream);
-    const auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
-      constexpr int kChunk = 20;
-      timer.start();
-      for (int i = 0; i < kChunk; ++i) blas.matmul({n, n, n}, bf16, a.get(), b.get(), c.get(), stream);
-      tflops.push_back(kChunk * 2.0 * n * n * n / (timer.stop() * 1e-3) / 1e12);
-      clock_during = nvml.sm_clock_mhz(bus);
-    }
-  } catch (...) {
-    running = false;
-    sampler.join();
-    throw;
+  core::EventTimer timer(stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    constexpr int kChunk = 20;
+    timer.start();
+    for (int i = 0; i < kChunk; ++i) blas.matmul({n, n, n}, bf16, a.get(), b.get(), c.get(), stream);
+    tflops.push_back(kChunk * 2.0 * n * n * n / (timer.stop() * 1e-3) / 1e12);
+    clock_during = nvml.sm_clock_mhz(bus);
   }
-  running = false;
-  sampler.join();
+  std::vector<double> watts, temps;
+  for (const core::GpuReading& r : sampler.stop()) {
+    if (r.power_w) watts.push_back(*r.power_w);
+    if (r.temperature_c) temps.push_back(*r.temperature_c);
+  }
   // The first second ramps up; keep the samples after it when there are enough.
   const size_t skip = watts.size() > 40 ? 20 : 0;
   const std::vector<double> steady(watts.begin() + skip, watts.end());

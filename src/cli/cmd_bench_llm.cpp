@@ -45,6 +45,14 @@ void add_results(core::ResultLog& log, const llm::LlmBenchReport& r, const llm::
               {"step_ms_p90", f.step_ms_p90}, {"end_to_end_tokens_per_s", f.end_to_end_tokens_per_s},
               {"bytes_per_step", f.bytes_per_step}, {"floor_ms", f.floor_ms},
               {"decode_gemm", to_string(f.decode_gemm)}, {"all_reduce", f.all_reduce}});
+    if (f.clocks)
+      p.update({{"clock_samples", f.clocks->samples}, {"sm_clock_mhz_median", f.clocks->sm_clock_mhz_median},
+                {"sm_clock_mhz_min", f.clocks->sm_clock_mhz_min}, {"sm_clock_mhz_max", f.clocks->sm_clock_mhz_max},
+                {"power_cap_share", f.clocks->power_cap_share}, {"thermal_share", f.clocks->thermal_share},
+                {"power_brake_share", f.clocks->power_brake_share}});
+    if (f.clocks && f.clocks->power_w_median) p["power_w_median"] = *f.clocks->power_w_median;
+    if (f.power_limit_w) p["power_limit_w"] = *f.power_limit_w;
+    if (f.max_sm_clock_mhz) p["max_sm_clock_mhz"] = *f.max_sm_clock_mhz;
     const std::string name = "decode_b" + std::to_string(f.batch);
     // The peak is the floor's token rate, so `fraction` is the fraction of the floor.
     log.add({"llm", name, "tokens_per_second", f.decode_tokens_per_s, "tokens/s", 1e3 * f.batch / f.floor_ms, p});
@@ -76,6 +84,27 @@ void add_results(core::ResultLog& log, const llm::LlmBenchReport& r, const llm::
   }
 }
 
+// "clocks over batch 16's decode: SM 1620 MHz median (1455-1785; highest 1980), board 696 W of
+// 700 W; power cap in 98 % of readings". Words first, so scripts reading the table's rows by
+// their leading batch number pass over it.
+std::string describe_clocks(const llm::DecodeFigures& f) {
+  const core::ClockSummary& c = *f.clocks;
+  std::string s = "clocks over batch " + std::to_string(f.batch) + "'s decode: SM " +
+                  format_double(c.sm_clock_mhz_median, 0) + " MHz median (" + format_double(c.sm_clock_mhz_min, 0) +
+                  "-" + format_double(c.sm_clock_mhz_max, 0) +
+                  (f.max_sm_clock_mhz ? "; highest " + std::to_string(*f.max_sm_clock_mhz) : std::string()) + ")";
+  if (c.power_w_median)
+    s += ", board " + format_double(*c.power_w_median, 0) + " W" +
+         (f.power_limit_w ? " of " + format_double(*f.power_limit_w, 0) + " W" : std::string());
+  const auto share = [&](const char* what, double v) {
+    if (v > 0) s += std::string("; ") + what + " in " + format_double(100 * v, 0) + " % of readings";
+  };
+  share("power cap", c.power_cap_share);
+  share("thermal slowdown", c.thermal_share);
+  share("power brake", c.power_brake_share);
+  return s;
+}
+
 void print_report(std::ostream& out, const llm::LlmBenchReport& r, const llm::LlmBenchOptions& o,
                   const std::optional<nlohmann::json>& fp8_gemm) {
   out << "ceilings: copy " << format_double(r.ceilings.copy_bytes_per_s / 1e12, 2) << " TB/s, cuBLASLt bf16 "
@@ -91,6 +120,8 @@ void print_report(std::ostream& out, const llm::LlmBenchReport& r, const llm::Ll
            format_double(f.decode_tokens_per_s, 1), format_double(f.end_to_end_tokens_per_s, 1),
            format_double(f.floor_ms, 3), format_double(100 * f.fraction_of_floor, 1) + "%"});
   t.print(out);
+  for (const llm::DecodeFigures& f : r.decode)
+    if (f.clocks) out << describe_clocks(f) << "\n";
   if (r.prefill)
     out << "\nprefill of " << r.prefill->tokens << " tokens: " << format_double(r.prefill->ms, 2) << " ms, "
         << format_double(r.prefill->flop_per_s / 1e12, 1) << " TFLOP/s = "

@@ -33,15 +33,19 @@ int require_devices() {
   return count;
 }
 
+std::string pci_bus_id(int index) {
+  char bus[32] = {};
+  GPULAB_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, index));
+  return bus;
+}
+
 DeviceInfo query_device(int index) {
   cudaDeviceProp prop{};
   GPULAB_CHECK(cudaGetDeviceProperties(&prop, index));
   DeviceInfo d;
   d.index = index;
   d.name = prop.name;
-  char bus[32] = {};
-  GPULAB_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, index));
-  d.pci_bus_id = bus;
+  d.pci_bus_id = pci_bus_id(index);
   d.cc_major = prop.major;
   d.cc_minor = prop.minor;
   d.sm_count = prop.multiProcessorCount;

@@ -60,6 +60,8 @@ int require_devices();
 std::string why_no_device();
 
 DeviceInfo query_device(int index);
+// The device's PCI bus id, the key NVML's queries take ("0000:19:00.0").
+std::string pci_bus_id(int index);
 std::vector<DeviceInfo> query_devices();
 SoftwareVersions query_versions();
 HostInfo query_host();

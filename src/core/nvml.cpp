@@ -151,6 +151,11 @@ std::optional<double> Nvml::power_limit_watts(const std::string& id) {
 std::optional<unsigned> Nvml::temperature_c(const std::string& id) {
   return query<unsigned>(symbol("nvmlDeviceGetTemperature"), device(id), kTemperatureGpu);
 }
+std::optional<unsigned long long> Nvml::clock_event_reasons(const std::string& id) {
+  void* fn = symbol("nvmlDeviceGetCurrentClocksEventReasons");  // the name since NVML 12.2
+  if (!fn) fn = symbol("nvmlDeviceGetCurrentClocksThrottleReasons");
+  return query<unsigned long long>(fn, device(id));
+}
 std::optional<NvmlUtilization> Nvml::utilization(const std::string& id) {
   auto u = query<nvmlUtilizationRaw>(symbol("nvmlDeviceGetUtilizationRates"), device(id));
   return u ? std::optional<NvmlUtilization>({u->gpu, u->memory}) : std::nullopt;

@@ -42,6 +42,9 @@ class Nvml {
   std::optional<double> power_watts(const std::string& bus_id);
   std::optional<double> power_limit_watts(const std::string& bus_id);
   std::optional<unsigned> temperature_c(const std::string& bus_id);
+  // Why the clocks are below their maximum now: NVML's clocks event reasons mask (the gpu_sampler.h
+  // constants name the ones gpulab reports).
+  std::optional<unsigned long long> clock_event_reasons(const std::string& bus_id);
   std::optional<NvmlUtilization> utilization(const std::string& bus_id);
   // PCIe throughput over the last ~20 ms, KB/s.
   std::optional<unsigned> pcie_tx_kbps(const std::string& bus_id);

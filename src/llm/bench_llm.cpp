@@ -6,10 +6,12 @@
 #include <random>
 
 #include "blas/matmul.h"
+#include "core/device.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/nvml.h"
 #include "kernels/fp8_quant.h"
 #include "llm/tensor_parallel.h"
 
@@ -192,6 +194,9 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     report.prefill_gemms = time_fp8_linears(spec.tp > 1 ? shard_config(c, shard_layout(c, {0, spec.tp})) : c, o.prefill);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(1, static_cast<int32_t>(c.vocab_size - 1));
+  int device = 0;
+  GPULAB_CHECK(cudaGetDevice(&device));
+  const std::string bus = core::pci_bus_id(device);
 
   for (const int64_t batch : o.batches) {
     if (batch < 1) throw core::InputError("bench llm: batch sizes must be at least 1");
@@ -228,11 +233,15 @@ LlmBenchReport bench_llm(const WeightSource& weights, EngineSpec spec, const Llm
     step(chunks);
     f.ttft_ms = ms_since(t0);
     std::vector<double> steps;
+    core::GpuSampler sampler(core::nvml_reader(bus), std::chrono::milliseconds(50));
     for (int64_t t = 1; t < o.output; ++t) {
       t0 = Clock::now();
       step(next);
       steps.push_back(ms_since(t0));
     }
+    f.clocks = core::summarize_clocks(sampler.stop());
+    f.power_limit_w = core::Nvml::get().power_limit_watts(bus);
+    f.max_sm_clock_mhz = core::Nvml::get().max_sm_clock_mhz(bus);
     for (SeqId id : seqs) engine->close(id);
     double total_ms = f.ttft_ms;
     for (double ms : steps) total_ms += ms;

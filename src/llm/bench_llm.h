@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gpu_sampler.h"
 #include "llm/make_engine.h"
 #include "llm/weights.h"
 
@@ -43,6 +44,12 @@ struct DecodeFigures {
   // The residual's all-reduce: "none" (one GPU), "symmetric" (NCCL symmetric memory asked for;
   // the log says whether NCCL gave the window) or "plain".
   const char* all_reduce = "none";
+  // The SM clock and board power over the decode steps (NVML every 50 ms on the current GPU, rank
+  // 0's; empty without NVML), beside the board's power limit and highest SM clock: a step below
+  // the floor may be one the power cap slowed (the 70B fp8 decode on the H200, session 25).
+  std::optional<core::ClockSummary> clocks;
+  std::optional<double> power_limit_w;
+  std::optional<unsigned> max_sm_clock_mhz;
 };
 
 struct PrefillFigures {
