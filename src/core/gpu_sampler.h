@@ -1,6 +1,6 @@
 // A GPU's clock and power, read by a background thread while work runs, so that a figure can say
 // what clock it ran at and why that was below the maximum. On the H200 a 70B fp8 decode at batch
-// 16 holds the board at its 700 W limit and the SM clock 10-25 % below its 1980 MHz (session 25):
+// 16 holds the board at its 700 W limit and the SM clock 10-27 % below its 1980 MHz (session 25):
 // the step time then depends on the energy the kernels spend, not on HBM alone.
 #pragma once
 
