@@ -42,7 +42,6 @@ void run_power_suite(Context& ctx) {
   const double seconds = ctx.quick() ? 3.0 : 10.0;
   core::GpuSampler sampler(core::nvml_reader(bus), std::chrono::milliseconds(50));
   std::vector<double> tflops;
-  std::optional<unsigned> clock_during;
   core::EventTimer timer(stream);
   const auto t0 = std::chrono::steady_clock::now();
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
@@ -50,13 +49,15 @@ void run_power_suite(Context& ctx) {
     timer.start();
     for (int i = 0; i < kChunk; ++i) blas.matmul({n, n, n}, bf16, a.get(), b.get(), c.get(), stream);
     tflops.push_back(kChunk * 2.0 * n * n * n / (timer.stop() * 1e-3) / 1e12);
-    clock_during = nvml.sm_clock_mhz(bus);
   }
+  const std::vector<core::GpuReading> readings = sampler.stop();
   std::vector<double> watts, temps;
-  for (const core::GpuReading& r : sampler.stop()) {
+  for (const core::GpuReading& r : readings) {
     if (r.power_w) watts.push_back(*r.power_w);
     if (r.temperature_c) temps.push_back(*r.temperature_c);
   }
+  // The sampler's last reading is taken as the last chunk ends (stop() reads once more).
+  const std::optional<unsigned> clock_during = readings.back().sm_clock_mhz;
   // The first second ramps up; keep the samples after it when there are enough.
   const size_t skip = watts.size() > 40 ? 20 : 0;
   const std::vector<double> steady(watts.begin() + skip, watts.end());

@@ -426,21 +426,28 @@ void dispatch_group(int group, F&& f) {
                     std::to_string(kMaxGroup) + ")");
 }
 
-// Output element i of one (head, sequence) from the blocks' partials at base.. (`used` of them),
-// merged with a running maximum as within a block, in one pass so that the loads of several
-// partials are in flight together rather than three rounds of them.
-__device__ inline float combine_partials(const float* part_o, const float* part_m, const float* part_l,
-                                         int64_t base, int used, int head_dim, int i) {
-  float mx = -INFINITY, total = 0.f, acc = 0.f;
+// Output elements i, i + 32, ... (N of them) of one (head, sequence) from the blocks' partials
+// at base.. (`used` of them), merged with a running maximum as within a block, in one pass so that
+// the loads of several partials are in flight together rather than three rounds of them. The
+// elements share the running maximum and total, so a split's m and l load once for all N.
+template <int N>
+__device__ inline void combine_partials(float (&out)[N], const float* part_o, const float* part_m,
+                                        const float* part_l, int64_t base, int used, int head_dim, int i) {
+  float mx = -INFINITY, total = 0.f, acc[N] = {};
 #pragma unroll 4
   for (int s = 0; s < used; ++s) {
-    const float m = part_m[base + s], l = part_l[base + s], o = part_o[(base + s) * head_dim + i];
+    const float m = part_m[base + s], l = part_l[base + s];
+    float o[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = part_o[(base + s) * head_dim + i + 32 * k];
     const float m_new = fmaxf(mx, m), old_weight = expf(mx - m_new), weight = expf(m - m_new);
     total = total * old_weight + l * weight;
-    acc = acc * old_weight + o * weight;
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc[k] = acc[k] * old_weight + o[k] * weight;
     mx = m_new;
   }
-  return used ? acc / total : 0.f;
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = used ? acc[k] / total : 0.f;
 }
 
 // Blocks of a sequence that had a split (the others found the sequence shorter).
@@ -457,8 +464,9 @@ __global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_s
   pdl_wait();
   const int h = blockIdx.x, seq = blockIdx.y, i = threadIdx.x;
   const int64_t base = (static_cast<int64_t>(seq) * q_heads + h) * blocks;
-  out[seq * out_stride + h * D + i] =
-      static_cast<T>(combine_partials(part_o, part_m, part_l, base, used_blocks(seq_lens, seq, blocks), D, i));
+  float value[1];
+  combine_partials(value, part_o, part_m, part_l, base, used_blocks(seq_lens, seq, blocks), D, i);
+  out[seq * out_stride + h * D + i] = static_cast<T>(value[0]);
 }
 
 // decode_combine_kernel for an e4m3 output (a W8A8 o_proj's input): the values it would write in
@@ -470,28 +478,6 @@ __global__ void __launch_bounds__(D) decode_combine_kernel(T* out, int64_t out_s
 // 8 a block, 1 a warp) stays in registers between the maximum and the bytes; any further ones are
 // merged again, so that any number of heads fits.
 constexpr int kCombineCluster = 8, kCombineThreads = 256, kCombineWarps = kCombineThreads / 32;
-
-// Elements lane, lane + 32, ... of one (head, sequence): combine_partials' arithmetic, rounded to
-// T as decode_combine_kernel writes it, with the running maximum and total shared by the elements.
-template <class T, int D>
-__device__ inline void combine_head(float (&values)[D / 32], const float* part_o, const float* part_m,
-                                    const float* part_l, int64_t base, int used, int lane) {
-  float mx = -INFINITY, total = 0.f, acc[D / 32] = {};
-#pragma unroll 4
-  for (int s = 0; s < used; ++s) {
-    const float m = part_m[base + s], l = part_l[base + s];
-    float o[D / 32];
-#pragma unroll
-    for (int k = 0; k < D / 32; ++k) o[k] = part_o[(base + s) * D + lane + 32 * k];
-    const float m_new = fmaxf(mx, m), old_weight = expf(mx - m_new), weight = expf(m - m_new);
-    total = total * old_weight + l * weight;
-#pragma unroll
-    for (int k = 0; k < D / 32; ++k) acc[k] = acc[k] * old_weight + o[k] * weight;
-    mx = m_new;
-  }
-#pragma unroll
-  for (int k = 0; k < D / 32; ++k) values[k] = static_cast<float>(static_cast<T>(used ? acc[k] / total : 0.f));
-}
 
 template <class T, int D>
 __global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombineThreads)
@@ -505,9 +491,12 @@ __global__ void __cluster_dims__(kCombineCluster, 1, 1) __launch_bounds__(kCombi
   const int end = min(q_heads, static_cast<int>(cluster.block_rank() + 1) * share);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int first = static_cast<int>(cluster.block_rank()) * share + warp;
+  // Head h's elements lane, lane + 32, ..., rounded to T as decode_combine_kernel writes them.
   const auto head_values = [&](int h, float(&values)[D / 32]) {
-    combine_head<T, D>(values, part_o, part_m, part_l, (static_cast<int64_t>(seq) * q_heads + h) * blocks, used,
-                       lane);
+    combine_partials(values, part_o, part_m, part_l, (static_cast<int64_t>(seq) * q_heads + h) * blocks, used, D,
+                     lane);
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) values[k] = static_cast<float>(static_cast<T>(values[k]));
   };
   float held[D / 32], amax = 0.f;
   if (first < end) {
