@@ -441,9 +441,11 @@ __device__ inline void combine_partials(float (&out)[N], const float* part_o, co
 #pragma unroll
     for (int k = 0; k < N; ++k) o[k] = part_o[(base + s) * head_dim + i + 32 * k];
     const float m_new = fmaxf(mx, m), old_weight = expf(mx - m_new), weight = expf(m - m_new);
-    total = total * old_weight + l * weight;
+    // Explicit fmaf: left to contraction, the N = 1 and N = D/32 instantiations fused these
+    // differently (one float ulp apart), and the two kernels' bits parted (session 26).
+    total = fmaf(total, old_weight, l * weight);
 #pragma unroll
-    for (int k = 0; k < N; ++k) acc[k] = acc[k] * old_weight + o[k] * weight;
+    for (int k = 0; k < N; ++k) acc[k] = fmaf(acc[k], old_weight, o[k] * weight);
     mx = m_new;
   }
 #pragma unroll
