@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <random>
 
 #include "bench/suite.h"
@@ -247,14 +248,15 @@ void run_decode_suite(Context& ctx) {
                   g.into_residual ? 1.f : 0.f);
     };
     // W8A8 as the engine's fp8 decode runs it at 3-16 rows (its quantize kernel not timed):
-    // skinny_gemm's tensor-core kernel, or cuBLASLt's fp8 GEMM with the same outer-vector scales
-    // writing bf16 (it cannot add into float32; the engine adds its product in another kernel).
-    const auto w8a8 = [&](int64_t m, bool skinny, void* out) {
+    // skinny_gemm's kernel (`skinny`: automatic, or wgmma), or (nullopt) cuBLASLt's fp8
+    // GEMM with the same outer-vector scales writing bf16 (it cannot add into float32; the engine
+    // adds its product in another kernel).
+    const auto w8a8 = [&](int64_t m, std::optional<SkinnyKernel> skinny, void* out) {
       if (skinny) {
         const kernels::SkinnyInput q{act_fp8.get(), SkinnyPrologue::none, nullptr, 0.f, row_scales.get()};
         const bool into_y = out == y;
         kernels::skinny_gemm(out, into_y ? out_dt : DType::bf16, into_y && g.into_residual, q,
-                             {weights(), DType::f8e4m3, fp8_scales.get()}, m, n, k, stream);
+                             {weights(), DType::f8e4m3, fp8_scales.get()}, m, n, k, stream, *skinny);
       } else {
         blas.matmul({m, n, k, false, true}, {DType::f8e4m3, DType::f8e4m3, DType::bf16}, act_fp8.get(), weights(),
                     out, stream, 1.f, 0.f, {row_scales.get(), fp8_scales.get(), true});
@@ -284,9 +286,13 @@ void run_decode_suite(Context& ctx) {
               once([&](void* out) { unfused(m, out); }, g.into_residual ? y_check.get() : y, out_dt), m,
               std::string("skinny_gemm (") + path.name + ") and cuBLASLt");
       }
-      agree(once([&](void* out) { w8a8(rows, true, out); }, y_bf16.get(), DType::bf16),
-            once([&](void* out) { w8a8(rows, false, out); }, y_bf16.get(), DType::bf16), rows,
-            "skinny_gemm (W8A8) and cuBLASLt fp8");
+      // W8A8: the automatic kernel and, where the GPU runs it, wgmma (automatic's for large weights).
+      const bool wgmma = kernels::skinny_wgmma_runs_here();
+      for (SkinnyKernel kernel : {SkinnyKernel::automatic, SkinnyKernel::wgmma})
+        if (kernel == SkinnyKernel::automatic || wgmma)
+          agree(once([&](void* out) { w8a8(rows, kernel, out); }, y_bf16.get(), DType::bf16),
+                once([&](void* out) { w8a8(rows, std::nullopt, out); }, y_bf16.get(), DType::bf16), rows,
+                "skinny_gemm (W8A8) and cuBLASLt fp8");
       // One row per path and row count: name, weight bytes, whether its input is through the
       // GEMM's prologue (W8A8 inputs are quantized already), the call.
       struct Timed {
@@ -305,8 +311,10 @@ void run_decode_suite(Context& ctx) {
         add_path(kTensorCore);
         timed.push_back({"cublaslt", weight_bytes, true, [&, m] { unfused(m, y); }});
         if (m > kernels::kGemvMaxRows) {
-          timed.push_back({"skinny_w8a8", weight_bytes / 2, false, [&, m] { w8a8(m, true, y); }});
-          timed.push_back({"cublaslt_fp8", weight_bytes / 2, false, [&, m] { w8a8(m, false, y_bf16.get()); }});
+          timed.push_back({"skinny_w8a8", weight_bytes / 2, false, [&, m] { w8a8(m, SkinnyKernel::automatic, y); }});
+          if (wgmma)
+            timed.push_back({"skinny_w8a8_wgmma", weight_bytes / 2, false, [&, m] { w8a8(m, SkinnyKernel::wgmma, y); }});
+          timed.push_back({"cublaslt_fp8", weight_bytes / 2, false, [&, m] { w8a8(m, std::nullopt, y_bf16.get()); }});
         }
         for (const Timed& t : timed) {
           const SkinnyPrologue prologue = t.prologue ? g.prologue : SkinnyPrologue::none;
@@ -335,7 +343,7 @@ void run_decode_suite(Context& ctx) {
   ctx.note("GEMMs: weight bytes per second; gemv_* / skinny_*: skinny_gemm's GEMV / tensor-core kernel; gemv_fp8_*: "
            "the GEMV on e4m3 weights with per-channel scales (half the bytes); cublaslt_* includes the rmsnorm / "
            "silu_mul launch the unfused path needs; skinny_w8a8_* / cublaslt_fp8_*: e4m3 inputs with per-row scales "
-           "beside e4m3 weights (W8A8, the engine's fp8 decode at 3-16 rows; its quantize kernel not timed), "
+           "beside e4m3 weights (skinny_w8a8_wgmma_*: on wgmma, which skinny_w8a8 takes past 8 rows from 64 MiB of weights) (W8A8, the engine's fp8 decode at 3-16 rows; its quantize kernel not timed), "
            "cuBLASLt writing bf16");
   ctx.note("attention_*: one layer, head_dim 128, pages of 16; 7b = 32/32 heads, 8b = 32 query / 8 kv heads; "
            "GB/s of K+V read (batch x context x kv_heads x 128 x 2 x 2 B)");

@@ -9,14 +9,12 @@
 // Full/empty mbarriers hand the stages back and forth.
 //
 // Built for sm_90a only (the _sm90a suffix; see src/kernels/CMakeLists.txt).
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
-
-#include <mutex>
 
 #include "core/error.h"
 #include "kernels/gemm_ladder.h"
+#include "kernels/tensor_map.h"
+#include "kernels/wgmma_sm90a.cuh"
 
 namespace gpulab::kernels {
 
@@ -29,56 +27,6 @@ constexpr int kStageBytes = kATileBytes + kBTileBytes;
 constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + 1024;  // +1024: alignment slack
 static_assert(kBk * 2 == 128, "a tile row is one 128-byte swizzle span");
 static_assert(kBm == 64 * kConsumers, "each consumer warpgroup owns 64 rows");
-
-__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-__device__ inline void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ inline void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-}
-
-__device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-// Shared-memory matrix descriptor for a K-major tile with 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart (SBO), LBO unused (1), layout type 1 = SWIZZLE_128B.
-__device__ inline uint64_t smem_descriptor(const void* p) {
-  const uint64_t addr = smem_addr(p);
-  return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Waits until at most N committed wgmma groups are still running.
-template <int N>
-__device__ inline void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Pins the accumulators in place around the asynchronous MMAs, so the compiler neither reads them
-// before wgmma.wait_group nor moves them while the tensor cores own them.
-__device__ inline void fence_operands(float (&d)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // d[128] += A(64×16, desc_a) · B(16×256, desc_b)ᵀ-stored; fp32 accumulators in the wgmma fragment order.
 __device__ inline void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
@@ -137,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);                     // the producer's arrive (+ the TMA bytes)
       mbar_init(&empty[s], 128 * kConsumers);     // every consumer thread is done reading
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -189,33 +137,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    cudaDriverEntryPointQueryResult status{};
-    void* p = nullptr;
-    GPULAB_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &status));
-    if (status == cudaDriverEntryPointSuccess) fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  });
-  if (!fn) throw core::Error("gemm wgmma: the driver has no cuTensorMapEncodeTiled");
-  return fn;
-}
-
-// A rows×cols bf16 row-major matrix, loaded in boxes of box_rows × 64 columns (128 bytes).
-CUtensorMap tensor_map(const void* p, int rows, int cols, int box_rows) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
-  const cuuint32_t box[2] = {cuuint32_t(kBk), cuuint32_t(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p), dims, strides,
-                                          box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) throw core::GpuError("gemm wgmma: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")");
-  return map;
-}
-
 }  // namespace
 
 bool gemm_wgmma_compiled() { return true; }
@@ -225,7 +146,10 @@ void gemm_wgmma(const void* a, const void* b, float* c, int m, int n, int k, cud
   if (!rule.empty()) throw core::InputError(rule);
   if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16)
     throw core::InputError("gemm wgmma: A and B must be 16-byte aligned");
-  const CUtensorMap map_a = tensor_map(a, m, k, kBm), map_b = tensor_map(b, n, k, kBn);
+  const auto map = [&](const void* p, int rows, int box_rows) {
+    return tensor_map_2d(p, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, k, box_rows, "gemm wgmma");
+  };
+  const CUtensorMap map_a = map(a, m, kBm), map_b = map(b, n, kBn);
   GPULAB_CHECK(cudaFuncSetAttribute(wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
   wgmma_kernel<<<dim3(n / kBn, m / kBm), kThreads, kSmemBytes, stream>>>(map_a, map_b, c, m, n, k);
   GPULAB_CHECK_LAUNCH();

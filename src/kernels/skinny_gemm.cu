@@ -10,6 +10,7 @@
 #include "kernels/pdl.h"
 #include "kernels/silu.cuh"
 #include "kernels/skinny_gemm.h"
+#include "kernels/skinny_wgmma.h"
 
 namespace gpulab::kernels {
 
@@ -634,6 +635,19 @@ void launch(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights
   if constexpr (std::is_same_v<Wt, T>) launch_mma<T, Out, P>(y, accumulate, in, w, m, n, k, stream);
 }
 
+// The W8A8 weights (bytes) from which `automatic` takes wgmma, at more than 8 rows. Session 26
+// (H200): alone (bench decode, the GPU below its power cap) LLaMA-2-7B's GEMMs streamed slower
+// on wgmma than on mma.sync at 16 rows, much slower where small (o_proj 1.55 against 2.57 TB/s,
+// down 2.39 / 3.51: 64 tiles of 64 channels, in clusters of 4) and a little where large (qkv
+// 3.06 / 3.14, gate_up 3.28 / 3.30). In the decode step, with wgmma from 64 MiB: the 70B step at batch
+// 16, whose GEMMs are all that large and which holds the GPU at its 700 W cap, 20.80-20.84 →
+// 19.71 ms; 13B 5.455-5.478 → 5.400-5.404 and 7B 3.201-3.208 → 3.155-3.170 at batch 16, but 7B
+// at batch 4 2.423-2.440 → 2.506-2.523 (wgmma multiplies 16 rows whatever m, mma.sync 8 up to 8).
+// wgmma spends less a weight byte: no conversions to f16, no fragments through registers, the
+// activations read once per 64 channels rather than 16; where power sets the clock, that buys
+// speed.
+constexpr int64_t kWgmmaMinWeights = int64_t{64} << 20;
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int64_t weights_per_load(core::DType w_dtype) { return 16 / static_cast<int64_t>(core::dtype_size(w_dtype)); }
@@ -675,6 +689,9 @@ void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInpu
                       std::to_string(kGemvMaxInputBytes / 1024) + " KiB of bf16 or fp16 inputs together, not " + sizes);
   if (kernel == SkinnyKernel::mma && weight_only)
     throw core::Error("skinny_gemm: e4m3 weights beside bf16 inputs run on the GEMV only");
+  if (kernel == SkinnyKernel::wgmma && (!w8a8 || epilogue != SkinnyEpilogue::none || !skinny_wgmma_runs_here()))
+    throw core::Error("skinny_gemm: the wgmma kernel takes e4m3 inputs and weights (W8A8), no epilogue, on a "
+                      "compute 9.0 GPU");
   const bool swiglu = epilogue == SkinnyEpilogue::swiglu;
   if (swiglu && (fp8 || in.prologue != SkinnyPrologue::none || y_dtype != w.dtype || n % 2 != 0 ||
                  kernel == SkinnyKernel::gemv))
@@ -693,6 +710,10 @@ void skinny_gemm(void* y, core::DType y_dtype, bool accumulate, const SkinnyInpu
     return;
   }
   if (w8a8) {
+    if (kernel == SkinnyKernel::wgmma ||
+        (kernel == SkinnyKernel::automatic && m > 8 && n * k >= kWgmmaMinWeights && skinny_wgmma_runs_here()))
+      return skinny_w8a8_wgmma(y, y_dtype == DType::f32, accumulate, in.x, in.row_scales, w.w, w.scales, m, n, k,
+                               stream);
     if (y_dtype == DType::f32) launch_mma<e4m3, float, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);
     else launch_mma<e4m3, __nv_bfloat16, SkinnyPrologue::none>(y, accumulate, in, w, m, n, k, stream);
     return;

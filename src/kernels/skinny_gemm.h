@@ -3,7 +3,7 @@
 // accumulation. e4m3 weights (one float scale per output channel) go two ways: beside bf16
 // activations on the GEMV, up to kGemvMaxRows rows (weight-only fp8: half the bytes of a decode
 // step's stream, the activations not quantized); beside e4m3 activations with per-row scales
-// (W8A8) on the tensor-core kernel (m16n8k32), up to 16 rows. Decode reads each weight once per
+// (W8A8) on the tensor cores, up to 16 rows: mma.sync m16n8k32, or wgmma on compute 9.0 GPUs. Decode reads each weight once per
 // step, so the kernel streams W at memory speed (16-byte loads, many in flight) and puts W's rows
 // on the tensor cores' 16-row side: 16 rows cost the weight traffic of one. A prologue can build the activation on the fly, removing the
 // small kernel that would have written it:
@@ -54,10 +54,17 @@ constexpr int64_t kSkinnyMaxRows = 16;
 // included, staged through shared memory in whole cache lines; a prologue's inputs built in
 // registers from each lane's own loads). gemv: for m ≤ kGemvMaxRows, plain FMAs (a 16-byte weight piece costs 8·m), one warp per output channel,
 // every block resident at once, the input rows built once per block in shared memory.
-// automatic: gemv where skinny_gemv_fits, mma elsewhere. On the H200 (7B shapes, bench decode,
-// session 9) the GEMV streamed 2.95-3.98 TB/s of weights at 1 row against the tensor-core
-// kernel's 2.83-3.43, and lost to it at 4 rows (2.13-2.74 against 2.69-3.23): hence 2.
-enum class SkinnyKernel { automatic, gemv, mma };
+// wgmma: W8A8 only, on Hopper's warpgroup MMA with e4m3 operands straight from shared memory
+// (skinny_wgmma.h; compute 9.0 GPUs only).
+// automatic: W8A8 on wgmma where the GPU runs it, m > 8 and the weights are 64 MiB or more
+// (skinny_gemm.cu says why), else mma; otherwise gemv where
+// skinny_gemv_fits, mma elsewhere. On the H200 (7B shapes, bench decode, session 9) the GEMV
+// streamed 2.95-3.98 TB/s of weights at 1 row against the tensor-core kernel's 2.83-3.43, and
+// lost to it at 4 rows (2.13-2.74 against 2.69-3.23): hence 2.
+enum class SkinnyKernel { automatic, gemv, mma, wgmma };
+
+// Whether the current GPU runs SkinnyKernel::wgmma (compute 9.0: H100, H200).
+bool skinny_wgmma_runs_here();
 constexpr int64_t kGemvMaxRows = 2;
 
 // Whether skinny_gemm takes these sizes for weights of w_dtype: 1 ≤ m ≤ 16 and rows of whole

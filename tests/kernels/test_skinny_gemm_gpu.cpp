@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "common/gpu.h"
+#include "kernels/fp8_quant.h"
 #include "kernels/llm_ops_testing.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/silu_mul.h"
@@ -35,12 +36,24 @@ std::string label(SkinnyPrologue p) {
 std::string label(Output o) { return o == Output::narrow ? "narrow" : o == Output::f32 ? "f32" : "f32+="; }
 
 // The kernels that take m rows of width k (input dtype in_dt): the GEMV and the tensor-core
-// kernel where they do. e4m3 weights: the GEMV beside bf16 inputs, the tensor cores beside e4m3.
+// kernel where they do. e4m3 weights: the GEMV beside bf16 inputs, the tensor cores beside e4m3
+// (W8A8: mma.sync, and wgmma where the GPU runs it).
 std::vector<SkinnyKernel> kernels_for(int64_t m, int64_t k, DType w_dt = DType::bf16, DType in_dt = DType::bf16) {
   std::vector<SkinnyKernel> all;
   if (in_dt != DType::f8e4m3 && skinny_gemv_fits(m, k, w_dt)) all.push_back(SkinnyKernel::gemv);
   if (w_dt != DType::f8e4m3 || in_dt == DType::f8e4m3) all.push_back(SkinnyKernel::mma);
+  if (in_dt == DType::f8e4m3 && skinny_wgmma_runs_here()) all.push_back(SkinnyKernel::wgmma);
   return all;
+}
+
+std::string label(SkinnyKernel kernel) {
+  switch (kernel) {
+    case SkinnyKernel::automatic: return "automatic";
+    case SkinnyKernel::gemv: return "gemv";
+    case SkinnyKernel::mma: return "mma";
+    case SkinnyKernel::wgmma: return "wgmma";
+  }
+  return "?";
 }
 
 // Inputs for kRows rows; each row count m uses the first m (rows are independent). The weights
@@ -133,7 +146,7 @@ struct Case {
     const DType out_dt = mode == Output::narrow ? narrow : DType::f32;
     const std::string what = dtype_label(w_dt) + "·" + dtype_label(dt) + " " + label(prologue) + " -> " +
                              label(mode) + " m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
-                             std::to_string(k) + (kernel == SkinnyKernel::gemv ? " gemv" : " mma");
+                             std::to_string(k) + " " + label(kernel);
     const int64_t total = (kRows + 1) * n;
     auto y = DeviceTensor::poisoned(total, out_dt);
     std::vector<float> y0;
@@ -146,7 +159,9 @@ struct Case {
     // float32 accumulation in any order: far below 1e-5 of Σ|x·w| (k ≤ 11008), the scale's
     // product included; one rounding of the result to a narrow dtype; a prologue input rounded
     // the other way than on the host (inverse RMS or exp one float ulp apart) moves one term by a
-    // unit roundoff of itself.
+    // unit roundoff of itself. wgmma adds each k32 step in e4m3 with about 14 bits kept, 4 steps
+    // before a float32 add (skinny_wgmma_sm90a.cu): at most 4 · 2^-14 of Σ|x·w|.
+    const double sum_rel = kernel == SkinnyKernel::wgmma ? 4.0 / 16384 : 1e-5;
     const double rel = mode == Output::narrow ? unit_roundoff(narrow) : 0.0;
     const double flip = prologue == SkinnyPrologue::none ? 0.0 : unit_roundoff(dt);
     int bad = 0;
@@ -160,7 +175,7 @@ struct Case {
         const double base = y0.empty() ? 0.0 : y0[i];
         const double want = base + dot[i];
         const double tol = exact ? 0.0
-                                 : 1e-5 * (bound[i] + std::abs(base)) + rel * std::abs(want) +
+                                 : sum_rel * bound[i] + 1e-5 * std::abs(base) + rel * std::abs(want) +
                                        flip * largest_term[r] + 1e-6;
         if ((!std::isfinite(got[i]) || std::abs(got[i] - want) > tol) && ++bad <= 5)
           ADD_FAILURE() << what << " row " << r << " col " << c << ": got " << got[i] << ", want " << want
@@ -254,9 +269,10 @@ TEST(SkinnyGemmGpu, Fp8WeightsOnTheGemv) {
 }
 
 // W8A8: e4m3 inputs with per-row scales beside e4m3 weights with per-channel scales, on the
-// tensor-core kernel (m16n8k32), every row count 1..16 and output mode, on odd shapes (one
-// 16-byte piece, k past whole 64-wide chunks, partial slabs) and the 7B qkv and down shapes;
-// and exact sums on integer inputs.
+// tensor-core kernels (mma.sync m16n8k32; wgmma where the GPU runs it), every row count 1..16 and
+// output mode, on odd shapes (one 16-byte piece, k past whole 64-wide chunks and 128-wide
+// stages, partial slabs and 64-channel blocks) and the 7B qkv and down shapes; and exact sums on
+// integer inputs.
 TEST(SkinnyGemmGpu, Fp8W8A8OnTheTensorCores) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(46);
@@ -266,21 +282,25 @@ TEST(SkinnyGemmGpu, Fp8W8A8OnTheTensorCores) {
   for (auto [n, k] : shapes) {
     Case c(DType::f8e4m3, SkinnyPrologue::none, n, k, rng, false, DType::f8e4m3);
     for (Output mode : kOutputs)
-      for (int64_t m = 1; m <= kRows; ++m) c.check(m, mode, rng, SkinnyKernel::automatic);
+      for (int64_t m = 1; m <= kRows; ++m)
+        for (SkinnyKernel kernel : kernels_for(m, k, DType::f8e4m3, DType::f8e4m3)) c.check(m, mode, rng, kernel);
   }
 }
 
-// The tiles kernel (plain inputs: bf16, and e4m3 beside e4m3 weights) on two small shapes at 1, 9
-// and 16 rows: a test compute-sanitizer's racecheck finishes, where the shape lists above take it
-// past minutes (sessions 17 and 19).
-TEST(SkinnyGemmGpu, TilesKernelSmallShapes) {
+// The tiles kernel (plain inputs: bf16, and e4m3 beside e4m3 weights) and the wgmma one (W8A8,
+// in clusters of 1 and 4 blocks a tile) on two small shapes at 1, 9 and 16 rows: a test
+// compute-sanitizer's racecheck finishes, where the shape lists above take it past minutes
+// (sessions 17 and 19).
+TEST(SkinnyGemmGpu, TensorCoreKernelsSmallShapes) {
   GPULAB_REQUIRE_GPU();
   std::mt19937 rng(47);
   const std::pair<int64_t, int64_t> shapes[] = {{37, 80}, {300, 1040}};
   for (DType dt : {DType::bf16, DType::f8e4m3})
     for (auto [n, k] : shapes) {
       Case c(dt, SkinnyPrologue::none, n, k, rng, false, dt);
-      for (int64_t m : {1, 9, 16}) c.check(m, Output::f32_accumulate, rng, SkinnyKernel::mma);
+      for (int64_t m : {1, 9, 16})
+        for (SkinnyKernel kernel : kernels_for(m, k, dt, dt))
+          if (kernel != SkinnyKernel::gemv) c.check(m, Output::f32_accumulate, rng, kernel);
     }
 }
 
@@ -374,6 +394,50 @@ TEST_P(SkinnyGemmChainGpu, ChainedLaunchesSeeTheEarlierOutput) {
 
 INSTANTIATE_TEST_SUITE_P(Rows, SkinnyGemmChainGpu, ::testing::Values(1, 16));
 
+// W8A8 on wgmma right after the kernel that quantizes its input, both launched overlapped on one
+// stream: the producer's copies of x must wait for it, not read the poison under it (0xFF is an
+// e4m3 NaN). Clusters of 4 blocks a tile here (64 tiles of 64 channels).
+TEST(SkinnyGemmGpu, WgmmaWaitsForTheQuantizedInput) {
+  GPULAB_REQUIRE_GPU();
+  if (!skinny_wgmma_runs_here()) GTEST_SKIP() << "wgmma runs on compute 9.0 GPUs only";
+  std::mt19937 rng(50);
+  const int64_t m = kRows, n = 4096, k = 4096;
+  const DeviceTensor w(uniform(n * k, rng, -2, 2), DType::f8e4m3), scales(uniform(n, rng, 0.5f, 2.f), DType::f32);
+  core::Stream stream;
+  for (int rep = 0; rep < 3; ++rep) {
+    const DeviceTensor x(uniform(m * k, rng, -4, 4), DType::bf16);
+    auto q = DeviceTensor::poisoned(m * k, DType::f8e4m3);
+    auto row_scales = DeviceTensor::poisoned(m, DType::f32);
+    auto y = DeviceTensor::poisoned(m * n, DType::f32);
+    GPULAB_CHECK(cudaDeviceSynchronize());  // the poison is in place before the non-blocking stream runs
+    fp8_quantize(q.get(), reinterpret_cast<float*>(row_scales.get()), x.device.get(), DType::bf16, m, k,
+                 Fp8Granularity::row, nullptr, stream);
+    skinny_gemm(y.get(), DType::f32, false,
+                {q.get(), SkinnyPrologue::none, nullptr, 0.f, reinterpret_cast<const float*>(row_scales.get())},
+                {w.device.get(), DType::f8e4m3, reinterpret_cast<const float*>(scales.device.get())}, m, n, k, stream,
+                SkinnyKernel::wgmma);
+    stream.synchronize();
+    const std::vector<float> input = q.download(), row_scale = row_scales.download(), got = y.download();
+    std::vector<float> abs_in(input), abs_w(w.host);
+    for (float& e : abs_in) e = std::abs(e);
+    for (float& e : abs_w) e = std::abs(e);
+    std::vector<double> want(m * n, 0.0), bound(m * n, 0.0);
+    skinny_gemm_ref(want.data(), input.data(), w.host.data(), m, n, k);
+    skinny_gemm_ref(bound.data(), abs_in.data(), abs_w.data(), m, n, k);
+    int bad = 0;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        const int64_t i = r * n + c;
+        const double s = static_cast<double>(row_scale[r]) * scales.host[c];
+        const double tol = 4.0 / 16384 * bound[i] * s + 1e-6;  // as Case::check allows wgmma
+        if ((!std::isfinite(got[i]) || std::abs(got[i] - want[i] * s) > tol) && ++bad <= 5)
+          ADD_FAILURE() << "rep " << rep << " row " << r << " col " << c << ": got " << got[i] << ", want "
+                        << want[i] * s;
+      }
+    EXPECT_EQ(bad, 0) << "rep " << rep;
+  }
+}
+
 TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   GPULAB_REQUIRE_GPU();
   EXPECT_FALSE(skinny_gemm_fits(17, 64));
@@ -403,6 +467,7 @@ TEST(SkinnyGemmGpu, RefusesWhatItCannotTake) {
   refused(buf.get(), DType::f32, false, fp8, kGemvMaxRows + 1, 64);  // bf16 inputs: the GEMV's rows
   refused(buf.get(), DType::f32, false, fp8, 1, 72);
   refused(buf.get(), DType::f32, false, fp8, 1, 64, SkinnyKernel::mma);
+  refused(buf.get(), DType::f32, false, bf16, 1, 64, SkinnyKernel::wgmma);  // W8A8 only
   // W8A8 (e4m3 inputs with row scales): the tensor-core kernel's rows, e4m3 weights, no prologue.
   const float* row_scales = fp8.scales;
   const auto w8a8_refused = [&](const SkinnyInput& x, const SkinnyWeights& w, int64_t m, SkinnyKernel kernel) {
