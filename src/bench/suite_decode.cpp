@@ -311,9 +311,11 @@ void run_decode_suite(Context& ctx) {
         add_path(kTensorCore);
         timed.push_back({"cublaslt", weight_bytes, true, [&, m] { unfused(m, y); }});
         if (m > kernels::kGemvMaxRows) {
-          timed.push_back({"skinny_w8a8", weight_bytes / 2, false, [&, m] { w8a8(m, SkinnyKernel::automatic, y); }});
-          if (wgmma)
-            timed.push_back({"skinny_w8a8_wgmma", weight_bytes / 2, false, [&, m] { w8a8(m, SkinnyKernel::wgmma, y); }});
+          const auto skinny_w8a8 = [&](std::string name, SkinnyKernel kernel) {
+            timed.push_back({std::move(name), weight_bytes / 2, false, [&, m, kernel] { w8a8(m, kernel, y); }});
+          };
+          skinny_w8a8("skinny_w8a8", SkinnyKernel::automatic);
+          if (wgmma) skinny_w8a8("skinny_w8a8_wgmma", SkinnyKernel::wgmma);
           timed.push_back({"cublaslt_fp8", weight_bytes / 2, false, [&, m] { w8a8(m, std::nullopt, y_bf16.get()); }});
         }
         for (const Timed& t : timed) {
@@ -343,8 +345,9 @@ void run_decode_suite(Context& ctx) {
   ctx.note("GEMMs: weight bytes per second; gemv_* / skinny_*: skinny_gemm's GEMV / tensor-core kernel; gemv_fp8_*: "
            "the GEMV on e4m3 weights with per-channel scales (half the bytes); cublaslt_* includes the rmsnorm / "
            "silu_mul launch the unfused path needs; skinny_w8a8_* / cublaslt_fp8_*: e4m3 inputs with per-row scales "
-           "beside e4m3 weights (skinny_w8a8_wgmma_*: on wgmma, which skinny_w8a8 takes past 8 rows from 64 MiB of weights) (W8A8, the engine's fp8 decode at 3-16 rows; its quantize kernel not timed), "
-           "cuBLASLt writing bf16");
+           "beside e4m3 weights (W8A8, the engine's fp8 decode at 3-16 rows; its quantize kernel not timed), "
+           "cuBLASLt writing bf16; skinny_w8a8_wgmma_*: on wgmma, which skinny_w8a8 takes past 8 rows from 64 MiB of "
+           "weights");
   ctx.note("attention_*: one layer, head_dim 128, pages of 16; 7b = 32/32 heads, 8b = 32 query / 8 kv heads; "
            "GB/s of K+V read (batch x context x kv_heads x 128 x 2 x 2 B)");
   ctx.finish("decode GEMMs of LLaMA-2-7B and decode attention (bf16)");

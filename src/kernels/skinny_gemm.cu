@@ -639,10 +639,10 @@ void launch(void* y, bool accumulate, const SkinnyInput& in, const SkinnyWeights
 // (H200): alone (bench decode, the GPU below its power cap) LLaMA-2-7B's GEMMs streamed slower
 // on wgmma than on mma.sync at 16 rows, much slower where small (o_proj 1.55 against 2.57 TB/s,
 // down 2.39 / 3.51: 64 tiles of 64 channels, in clusters of 4) and a little where large (qkv
-// 3.06 / 3.14, gate_up 3.28 / 3.30). In the decode step, with wgmma from 64 MiB: the 70B step at batch
-// 16, whose GEMMs are all that large and which holds the GPU at its 700 W cap, 20.80-20.84 →
-// 19.71 ms; 13B 5.455-5.478 → 5.400-5.404 and 7B 3.201-3.208 → 3.155-3.170 at batch 16, but 7B
-// at batch 4 2.423-2.440 → 2.506-2.523 (wgmma multiplies 16 rows whatever m, mma.sync 8 up to 8).
+// 3.06 / 3.14, gate_up 3.28 / 3.30). In the decode step with wgmma from 64 MiB, the 70B step at
+// batch 16 (its GEMMs all that large, the GPU at its 700 W cap) went 20.80-20.84 → 19.71 ms;
+// 13B 5.455-5.478 → 5.400-5.404 and 7B 3.201-3.208 → 3.155-3.170 at batch 16, but 7B at batch
+// 4 2.423-2.440 → 2.506-2.523 (wgmma multiplies 16 rows whatever m; mma.sync 8 up to 8).
 // wgmma spends less a weight byte: no conversions to f16, no fragments through registers, the
 // activations read once per 64 channels rather than 16; where power sets the clock, that buys
 // speed.

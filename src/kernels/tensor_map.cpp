@@ -38,7 +38,8 @@ CUtensorMap tensor_map_2d(const void* p, CUtensorMapDataType type, int64_t eleme
                                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    throw core::GpuError(std::string(who) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")");
+    throw core::GpuError(std::string(who) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) +
+                         ")");
   return map;
 }
 
