@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "kernels/gemm_ladder.h"
 #include "kernels/pdl.h"
 #include "kernels/skinny_gemm.h"
 #include "kernels/skinny_wgmma.h"
@@ -160,13 +161,8 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, kBlocksPer
 
 }  // namespace
 
-bool skinny_wgmma_runs_here() {
-  int device = 0, major = 0, minor = 0;
-  GPULAB_CHECK(cudaGetDevice(&device));
-  GPULAB_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  GPULAB_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;
-}
+// The GEMM ladder's wgmma step needs the same: this build's sm_90a code and a compute 9.0 GPU.
+bool skinny_wgmma_runs_here() { return gemm_step_available(GemmStep::wgmma); }
 
 void skinny_w8a8_wgmma(void* y, bool y_f32, bool accumulate, const void* x, const float* row_scales, const void* w,
                        const float* w_scales, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
