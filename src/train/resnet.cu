@@ -697,30 +697,50 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
     // Runs compared bit for bit (--deterministic) need the same algorithms every time: heuristics
     // there, whose choice does not depend on timing noise.
     const bool measure = !opt.deterministic;
-    const auto find_fwd = measure ? cudnnFindConvolutionForwardAlgorithm : cudnnGetConvolutionForwardAlgorithm_v7;
-    const auto find_bwd_data =
-        measure ? cudnnFindConvolutionBackwardDataAlgorithm : cudnnGetConvolutionBackwardDataAlgorithm_v7;
-    const auto find_bwd_filter =
-        measure ? cudnnFindConvolutionBackwardFilterAlgorithm : cudnnGetConvolutionBackwardFilterAlgorithm_v7;
+    // Measuring runs every algorithm: on our own operands, zeroed, with a workspace of the limit
+    // (the Ex calls). The plain cudnnFind* calls allocate theirs and leave them unwritten, which
+    // compute-sanitizer's initcheck flagged (session 27). y stands for dy in the backward passes,
+    // whose outputs (dx into x, dw into w) become the next pass's inputs.
+    core::DeviceBuffer<std::byte> x, w, y, workspace;
+    if (measure) {
+      cudaStream_t stream{};
+      GPULAB_CHECK(cudnnGetStream(cudnn, &stream));
+      x = core::DeviceBuffer<std::byte>(operand_bytes(L, kConvX));
+      w = core::DeviceBuffer<std::byte>(operand_bytes(L, kConvW));
+      y = core::DeviceBuffer<std::byte>(operand_bytes(L, kConvY));
+      workspace = core::DeviceBuffer<std::byte>(opt.workspace_limit);
+      for (auto* b : {&x, &w, &y}) GPULAB_CHECK(cudaMemsetAsync(b->get(), 0, b->bytes(), stream));
+    }
     // An NCHW direction pays for its transposes: timed when it competes with NHWC.
     const TransposeTimes moves = conv_layouts().size() > 1 ? time_transposes(L) : TransposeTimes{};
     L.algos.fwd = choose<cudnnConvolutionFwdAlgoPerf_t>(
         L, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
         [&](const ConvDescs& d, int count, auto* perfs, int* got) {
-          return find_fwd(cudnn, d.x, d.w, L.conv_desc, d.y, count, got, perfs);
+          return measure ? cudnnFindConvolutionForwardAlgorithmEx(cudnn, d.x, x.get(), d.w, w.get(), L.conv_desc, d.y,
+                                                                  y.get(), count, got, perfs, workspace.get(),
+                                                                  workspace.bytes())
+                         : cudnnGetConvolutionForwardAlgorithm_v7(cudnn, d.x, d.w, L.conv_desc, d.y, count, got, perfs);
         },
         moves.direction(kConvY), "forward");
     if (L.d_in)  // the stem needs no input gradient
       L.algos.bwd_data = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
           L, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
           [&](const ConvDescs& d, int count, auto* perfs, int* got) {
-            return find_bwd_data(cudnn, d.w, d.y, L.conv_desc, d.x, count, got, perfs);
+            return measure ? cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn, d.w, w.get(), d.y, y.get(), L.conv_desc,
+                                                                         d.x, x.get(), count, got, perfs,
+                                                                         workspace.get(), workspace.bytes())
+                           : cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn, d.w, d.y, L.conv_desc, d.x, count, got,
+                                                                         perfs);
           },
           moves.direction(kConvX), "backward-data");
     L.algos.bwd_filter = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
         L, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         [&](const ConvDescs& d, int count, auto* perfs, int* got) {
-          return find_bwd_filter(cudnn, d.x, d.y, L.conv_desc, d.w, count, got, perfs);
+          return measure ? cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn, d.x, x.get(), d.y, y.get(),
+                                                                           L.conv_desc, d.w, w.get(), count, got, perfs,
+                                                                           workspace.get(), workspace.bytes())
+                         : cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn, d.x, d.y, L.conv_desc, d.w, count, got,
+                                                                         perfs);
         },
         moves.direction(kConvW), "backward-filter");
     chosen_algos.emplace(key, L.algos);

@@ -101,7 +101,7 @@ void evaluate(const TrainOptions& opt, core::DType dtype, ResNet& net, void* ima
 // One step's figures on their way to the host: copied into pinned memory behind the step's
 // work, read once `done` has completed.
 struct StepFigures {
-  core::PinnedBuffer<float> row_loss;  // the last micro-batch's, per row
+  core::PinnedBuffer<float> row_loss;  // per row of every micro-batch of the step
   core::PinnedBuffer<LossScaleState> scale{1};
   core::PinnedBuffer<float> lr{1};  // --cuda-graph: the step's rate, uploaded before its replay
   core::Event done{cudaEventDisableTiming};
@@ -272,7 +272,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   // on the host (mean_over_ranks) before the next step, as every rank must agree on it.
   const int lag = dp ? 0 : std::max(opt.report_lag, 0);
   std::vector<StepFigures> ring(size_t(lag) + 1);
-  for (auto& f : ring) f.row_loss = core::PinnedBuffer<float>(size_t(opt.batch));
+  for (auto& f : ring) f.row_loss = core::PinnedBuffer<float>(size_t(opt.batch) * size_t(opt.accum));
   core::CapturedGraph micro_graph[2], update_graph;  // --cuda-graph (below); micro_graph[accumulate]
   core::DeviceBuffer<float> lr_device(1);
   struct DrainOnExit {  // a throw leaves steps queued: they must finish before what they use is freed
@@ -295,7 +295,9 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
     }
     StepReport r = f.report;
     r.loss_scale = scaler ? f.scale.get()->scale : 1.f;
-    r.loss = ResNet::mean_loss(f.row_loss.get(), opt.batch);  // of the last micro-batch
+    // The mean over the step's images, every micro-batch (and, below, every rank): N ranks of
+    // batch B and one process accumulating N micro-batches of B report the same loss.
+    r.loss = ResNet::mean_loss(f.row_loss.get(), opt.batch * opt.accum);
     if (dp) r.loss = dp->mean_over_ranks(r.loss, stream);  // so every rank also agrees on a non-finite loss
     // Found up to `lag` steps after it was computed (those are queued already); the step named is right.
     if (!std::isfinite(r.loss) && !scaler) throw core::Error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(r.step) + "; lower --lr");
@@ -392,6 +394,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
         micro_graph[micro > 0].launch(stream);
         net.set_batches_tracked(net.batches_tracked() + 1);
       }
+      net.copy_row_losses(f.row_loss.get() + size_t(micro) * size_t(opt.batch), stream);
     }
     f.report = StepReport{};
     f.report.step = step;
@@ -404,7 +407,6 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
       update_graph.launch(stream);
       ++report.graph_steps;
     }
-    net.copy_row_losses(f.row_loss.get(), stream);
     f.done.record(stream);
     const int64_t ahead = checkpoint_due(step) ? 0 : lag;
     while (next_report + ahead <= step) report_step();

@@ -109,3 +109,45 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   EXPECT_GT(r.val_top1, 0.4);
   EXPECT_LT(r.val_loss, 0.8 * chance_loss);
 }
+
+// A step's loss is the mean over all its images. With the weights held still (lr 0; BatchNorm
+// normalises by each batch's own statistics in training), a step accumulating two micro-batches
+// must report the mean of what two one-micro-batch steps report: the loader hands out batch
+// b = step x accum + micro either way, so both runs see the same images in the same crops.
+TEST(TrainerGpu, AccumulatedStepReportsTheMeanLossOfItsMicroBatches) {
+  GPULAB_REQUIRE_GPU();
+  const fs::path dir = fs::temp_directory_path() / ("gpulab_train_accum_loss_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  data::MakeOptions mo;
+  mo.classes = 4;
+  mo.train_images = 16;
+  mo.val_images = 0;
+  mo.width = 48;
+  mo.height = 40;
+  mo.threads = 4;
+  data::make_dataset(dir, mo);
+  const auto losses = [&](int accum) {
+    TrainOptions o = tiny_run();
+    o.data = dir.string();
+    o.precision = "fp32";
+    o.schedule.base = 0;
+    o.schedule.warmup = 0;
+    o.accum = accum;
+    o.steps = 6 / accum;
+    o.warmup_steps_untimed = 1;
+    std::vector<float> out;
+    run_training(o, [&](const StepReport& s) { out.push_back(s.loss); });
+    return out;
+  };
+  const std::vector<float> one = losses(1), two = losses(2);
+  fs::remove_all(dir);
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(two.size(), 3u);
+  for (size_t k = 0; k < two.size(); ++k) {
+    const float mean = 0.5f * (one[2 * k] + one[2 * k + 1]);
+    std::printf("step %zu of accum 2: loss %.6f; batches %zu and %zu alone: %.6f and %.6f\n", k, two[k], 2 * k,
+                2 * k + 1, one[2 * k], one[2 * k + 1]);
+    EXPECT_NEAR(two[k], mean, 1e-5f * std::fabs(mean)) << "step " << k;
+  }
+  EXPECT_NE(one[0], one[1]);  // two different batches, or the mean would not tell the old report apart
+}
