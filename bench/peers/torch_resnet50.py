@@ -13,13 +13,18 @@ The same run as gpulab, measured the same way:
   loss      cross-entropy, label smoothing 0.1; gradient accumulation over --accum micro-batches
   timing    --untimed steps (default 5, gpulab's), then synchronize and time the remaining steps
             with the wall clock, reading the loss every step as gpulab (and torchvision's
-            reference train.py) does; img/s = timed steps x batch x accum / seconds
+            reference train.py) does; img/s = timed steps x batch x accum x ranks / seconds
+  parallel  under torchrun (WORLD_SIZE set): DistributedDataParallel over NCCL, one process a
+            GPU, --batch per GPU, each rank its own random batch, DDP's default 25 MB buckets;
+            rank 0 reports (gpulab train --gpus N is the same run)
 Writes one result per precision in gpulab's JSON schema (suite train_peer).
 
   python3 bench/peers/torch_resnet50.py --precision fp32 tf32 fp16 bf16 --batch 256 --steps 100 --json peer.json
   build-device/src/cli/gpulab train --synthetic --precision fp16 --batch 256 --steps 100 --json gpulab.json
+  torchrun --nproc-per-node 8 bench/peers/torch_resnet50.py --precision fp16 --json ddp8.json
 """
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -53,11 +58,20 @@ def cosine(step, base, end, warmup, total):
     return end + (base - end) * (1 + math.cos(math.pi * t)) / 2
 
 
+def distributed():
+    """(rank, world, local rank): torchrun's environment, or one process alone."""
+    if "WORLD_SIZE" not in os.environ:
+        return 0, 1, 0
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+
+
 def run(precision, args):
+    rank, world, _ = distributed()
+    ddp = "WORLD_SIZE" in os.environ
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.benchmark = True
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank, as DDP broadcasts anyway
     fmt = args.memory_format
     if fmt == "auto":
         fmt = "contiguous" if precision == "fp32" else "channels_last"
@@ -66,6 +80,10 @@ def run(precision, args):
     model = model.cuda().to(memory_format=memory_format).train()
     opt = torch.optim.SGD(param_groups(model, args.weight_decay), lr=args.lr, momentum=0.9, nesterov=args.nesterov)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()],
+                                                          gradient_as_bucket_view=True)
+        torch.manual_seed(args.seed + 1 + rank)  # each rank its own batch
     x = torch.empty(args.batch, 3, args.image_size, args.image_size, device="cuda").uniform_(-2, 2)
     x = x.contiguous(memory_format=memory_format)
     y = torch.randint(0, args.classes, (args.batch,), device="cuda")
@@ -76,13 +94,20 @@ def run(precision, args):
         for g in opt.param_groups:
             g["lr"] = cosine(i, args.lr, 0.0, args.warmup, args.steps)
         opt.zero_grad(set_to_none=True)
-        for _ in range(args.accum):
-            with torch.autocast("cuda", dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                loss = loss_fn(model(x), y)
-            scaler.scale(loss / args.accum).backward()
+        total = 0.0
+        for m in range(args.accum):
+            # DDP all-reduces on the last micro-batch's backward only
+            sync = model.no_sync() if ddp and m + 1 < args.accum else contextlib.nullcontext()
+            with sync:
+                with torch.autocast("cuda", dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                    loss = loss_fn(model(x), y)
+                scaler.scale(loss / args.accum).backward()
+            total = total + loss.detach()
         scaler.step(opt)
         scaler.update()
-        return loss.item()  # the progress report's read, every step (a synchronization)
+        # The step's mean loss over its micro-batches, as gpulab reports it; rank 0's under DDP.
+        # The progress report's read, every step (a synchronization).
+        return total.item() / args.accum
 
     untimed = min(args.untimed, args.steps - 1)
     first = None
@@ -96,16 +121,16 @@ def run(precision, args):
         first = loss if first is None else first
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    images = (args.steps - untimed) * args.batch * args.accum
+    images = (args.steps - untimed) * args.batch * args.accum * world
     props = torch.cuda.get_device_properties(0)
     return {
         "schema": 1, "suite": "train_peer",
-        "name": f"torch_resnet{args.depth}_{precision}_b{args.batch}_synthetic",
+        "name": f"torch_resnet{args.depth}_{precision}_b{args.batch}_synthetic" + (f"_ddp{world}" if ddp else ""),
         "metric": "throughput", "value": images / seconds, "unit": "img/s", "peak": None, "fraction": None,
         "params": {"depth": args.depth, "precision": precision, "batch": args.batch, "accum": args.accum,
                    "optimizer": "sgd", "schedule": "cosine", "lr": args.lr, "steps": args.steps,
                    "untimed_steps": untimed, "image_size": args.image_size, "classes": args.classes,
-                   "data": "synthetic", "first_loss": first, "last_loss": loss, "timed_images": images,
+                   "data": "synthetic", "gpus": world, "ddp": ddp, "first_loss": first, "last_loss": loss, "timed_images": images,
                    "timed_seconds": seconds, "memory_format": fmt, "torch": torch.__version__,
                    "torchvision": torchvision.__version__, "cudnn": torch.backends.cudnn.version()},
         "gpu": {"name": props.name, "sm_clock": None, "mem_clock": None, "driver": None},
@@ -135,15 +160,23 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    rank, _, local_rank = distributed()
+    if "WORLD_SIZE" in os.environ:
+        torch.cuda.set_device(local_rank)
+        torch.distributed.init_process_group("nccl")
     results = []
     for p in args.precision:
         r = run(p, args)
+        if rank != 0:
+            continue
         print(f"{r['name']} ({r['params']['memory_format']}, accum {args.accum}): {r['value']:.1f} img/s "
               f"({r['params']['timed_images']} images in {r['params']['timed_seconds']:.2f} s), "
               f"loss {r['params']['first_loss']:.4f} -> {r['params']['last_loss']:.4f}")
         results.append(r)
         torch.cuda.empty_cache()
-    if args.json:
+    if "WORLD_SIZE" in os.environ:
+        torch.distributed.destroy_process_group()
+    if args.json and rank == 0:
         with open(args.json + ".tmp", "w") as f:
             json.dump(results, f, indent=2)
         os.replace(args.json + ".tmp", args.json)
