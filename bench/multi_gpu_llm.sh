@@ -28,8 +28,10 @@ part() {  # part NAME COMMAND...: runs it, logging to $out/NAME.log, and remembe
   local name=$1
   shift
   echo "== $name: $*"
-  if ! "$@" > "$out/$name.log" 2>&1; then
-    echo "   FAILED (exit $?), last lines of $out/$name.log:"
+  "$@" > "$out/$name.log" 2>&1
+  local status=$?
+  if ((status != 0)); then
+    echo "   FAILED (exit $status), last lines of $out/$name.log:"
     tail -5 "$out/$name.log" | sed 's/^/   /'
     failed=1
   fi

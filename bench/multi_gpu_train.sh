@@ -31,8 +31,10 @@ run() {  # run NAME COMMAND...: logs to $out/NAME.log, remembers a failure
   local name=$1
   shift
   echo "== $name: $*"
-  if ! "$@" > "$out/$name.log" 2>&1; then
-    echo "   FAILED (exit $?), last lines of $out/$name.log:"
+  "$@" > "$out/$name.log" 2>&1
+  local status=$?
+  if ((status != 0)); then
+    echo "   FAILED (exit $status), last lines of $out/$name.log:"
     tail -5 "$out/$name.log" | sed 's/^/   /'
     failed=1
   fi
@@ -53,7 +55,7 @@ if has peer; then
 fi
 if has jpeg || has check; then
   data=${DATA:-/tmp/gpulab_multi_gpu_jpeg}
-  [[ -d $data/train ]] || run dataset "$gpulab" dataset make "$data" --classes 100 --images 200 --val 0 \
+  [[ -d $data/train ]] || run dataset "$gpulab" dataset make "$data" --classes 40 --images 300 --val 0 \
     --threads "$(nproc)"
 fi
 if has jpeg; then
