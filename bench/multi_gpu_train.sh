@@ -66,7 +66,7 @@ if has jpeg; then
 fi
 if has check; then
   b=$((256 / gpus))
-  check=(--data "$data" --precision fp32 --steps 20 --deterministic)
+  check=(--data "$data" --precision fp32 --steps 20)
   run check_ranks "$gpulab" train "${check[@]}" --gpus "$gpus" --batch $b --json "$out/check_ranks.json"
   run check_accum "$gpulab" train "${check[@]}" --gpus 1 --batch $b --accum "$gpus" --json "$out/check_accum.json"
   run check_one_batch "$gpulab" train "${check[@]}" --gpus 1 --batch 256 --json "$out/check_one_batch.json"
