@@ -615,18 +615,28 @@ ConvAlgo<decltype(Perf::algo)> ResNet::Impl::choose(const ConvLayer& L, int coun
   ConvAlgo<decltype(Perf::algo)> best;
   float best_ms = INFINITY;
   bool found = false;
+  size_t least_workspace = SIZE_MAX;  // of the algorithms that qualify but for the workspace limit
   for (const ConvLayout layout : conv_layouts()) {
     std::vector<Perf> perfs(static_cast<size_t>(count));
     int got = 0;
     GPULAB_CHECK(find(L.descs(layout), count, perfs.data(), &got));
+    for (int i = 0; i < got; ++i)
+      if (pick(&perfs[size_t(i)], 1, SIZE_MAX, strict_fp32(), opt.deterministic))
+        least_workspace = std::min(least_workspace, perfs[size_t(i)].memory);
     const Perf* p = pick(perfs.data(), got, opt.workspace_limit, strict_fp32(), opt.deterministic);
     if (!p) continue;
     const float ms = p->time + (layout == ConvLayout::nchw ? transposes_ms : 0.f);
     if (!found || ms < best_ms) best = {p->algo, layout}, best_ms = ms, found = true;
   }
-  if (!found)
-    throw core::Error(std::string("cuDNN offers no ") + what + " algorithm for this convolution within the workspace limit" +
-                      (strict_fp32() ? ", without tensor cores" : "") + (opt.deterministic ? ", deterministic" : ""));
+  if (!found) {
+    const auto mib = [](size_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; };
+    throw core::Error(std::string("cuDNN offers no ") + what + " algorithm for this convolution within the workspace limit (" +
+                      mib(opt.workspace_limit) + ")" + (strict_fp32() ? ", without tensor cores" : "") +
+                      (opt.deterministic ? ", deterministic" : "") +
+                      (least_workspace != SIZE_MAX ? "; the least such an algorithm needs is " + mib(least_workspace) +
+                                                         " (--conv-workspace)"
+                                                   : ""));
+  }
   return best;
 }
 
