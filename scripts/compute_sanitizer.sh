@@ -68,6 +68,27 @@ for t in json.load(sys.stdin)["tests"]:
 ' "$only" "$exclude" "$tools" > "$runs"
 (($(wc -l < "$runs"))) || { echo "compute_sanitizer.sh: no gpu tests selected in $build" >&2; exit 1; }
 
+# Who ran each report printed in log $1: the first host frame outside the CUDA driver and
+# runtime is in a library (cuDNN, cuBLAS, nvJPEG, NCCL) or in our code. Prints "" when nothing
+# was printed, else " [printed: N ours, M libraries, K without a host frame]". A library's reads
+# of its own outputs are often the tools' blind spots (docs/reliability.md: bulk stores, the JPEG
+# engine); a report in our code is read first.
+# The first line of a printed report, whichever the tool.
+report_start='^========= (Uninitialized|Invalid|Error|Barrier|Race|Program hit|Host API)'
+launched_by() {
+  awk -v start="$report_start" '
+    function close_report() { if (open && !seen) bare++; open = 0 }
+    $0 ~ start { close_report(); open = 1; seen = 0; next }
+    open && !seen && /Host Frame:/ && !/ in libcuda\.so| in libcudart/ {
+      seen = 1
+      if (/ in lib(cudnn|cublas|nvjpeg|nccl)/) lib++; else ours++
+    }
+    END {
+      close_report()
+      if (ours + lib + bare) printf " [printed: %d ours, %d libraries, %d without a host frame]", ours, lib, bare
+    }' "$1"
+}
+
 # One run: prints its summary line.
 run_one() {
   local exe=$1 test=$2 tool=$3 index=$4
@@ -97,17 +118,18 @@ run_one() {
   # A run cut short prints no summary: count the reports it printed before (at most --print-limit),
   # which session 25 found in training runs that a 0 here had hidden.
   if ((code == 124)); then
-    errors=$(grep -cE '^========= (Uninitialized|Invalid|Error|Barrier|Race|Program hit)' "$log")
+    errors=$(grep -cE "$report_start" "$log")
     note="$errors printed (timed out)"
   fi
   grep -q '\[  SKIPPED \]' "$log" && note="$errors (skipped)"
   # The sanitizer itself ran out of GPU memory (runs beside it took it): launches went unchecked
   # and the run says nothing about the test, so it is marked and not judged.
   grep -q 'Internal Sanitizer Error' "$log" && code=125 note="$errors (sanitizer internal error: not judged)"
+  note+=$(launched_by "$log")
   printf '%-72s %-10s %5s %6s  %s\n' "$test" "$tool" "$code" "$(($(date +%s) - start))" "$note"
 }
-export -f run_one
-export out sanitizer timeout_s leak_check library_kernels device_list
+export -f run_one launched_by
+export out sanitizer timeout_s leak_check library_kernels device_list report_start
 
 summary=$out/summary.txt
 printf '%-72s %-10s %5s %6s  %s\n' test tool exit sec errors | tee "$summary"
