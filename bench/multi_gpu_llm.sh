@@ -87,12 +87,14 @@ if os.path.exists(check):
     l2 = [float(m.group(1)) for l in lines if (m := re.search(r"rel L2 ([0-9.e+-]+)", l))]
     if equal:
         print(f"TP {gpus} vs one GPU, random 7B shape: {sum(e for e, _ in equal)} of {sum(n for _, n in equal)} greedy "
-              f"tokens equal over {len(equal)} sequences; prompt logits rel L2 at most {max(l2, default=float('nan')):.2e}")
+              f"tokens equal over {len(equal)} sequences; prompt logits rel L2 at most "
+              f"{max(l2, default=float('nan')):.2e}")
 serve = f"{out}/serve_tp{gpus}.json"
 if os.path.exists(serve):
     s = json.load(open(serve))
     print(f"serve --tp {gpus}, {s['clients']} clients for {s['duration_s']} s: {s['requests_ok']} requests done, "
-          f"{s['requests_disconnected']} left mid-stream by design, {s['failures']} failed; {s['tokens_per_s']} tokens/s, "
+          f"{s['requests_disconnected']} left mid-stream by design, {s['failures']} failed; "
+          f"{s['tokens_per_s']} tokens/s, "
           f"TTFT p50/p99 {s['ttft_p50_ms']}/{s['ttft_p99_ms']} ms; "
           + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in s["checks"].items()))
 EOF

@@ -109,9 +109,10 @@ def curve(name):
 def worst(a, b):
     return max(abs(x - y) / abs(y) for x, y in zip(a, b)) if a and b and len(a) == len(b) else None
 
-pairs = [("check_ranks", "check_accum", f"{gpus} GPUs x {256 // gpus} vs 1 GPU accumulating {gpus} x {256 // gpus} (bar 1e-3)"),
-         ("check_sync_bn", "check_one_batch", f"{gpus} GPUs x {256 // gpus} with --sync-bn vs 1 GPU x 256"),
-         ("check_ranks", "check_one_batch", f"{gpus} GPUs x {256 // gpus} without SyncBN vs 1 GPU x 256 (BN statistics differ)")]
+b = 256 // gpus
+pairs = [("check_ranks", "check_accum", f"{gpus} GPUs x {b} vs 1 GPU accumulating {gpus} x {b} (bar 1e-3)"),
+         ("check_sync_bn", "check_one_batch", f"{gpus} GPUs x {b} with --sync-bn vs 1 GPU x 256"),
+         ("check_ranks", "check_one_batch", f"{gpus} GPUs x {b} without SyncBN vs 1 GPU x 256 (BN statistics differ)")]
 for a, b, what in pairs:
     w = worst(curve(a), curve(b))
     if w is not None:

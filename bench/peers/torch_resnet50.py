@@ -58,16 +58,19 @@ def cosine(step, base, end, warmup, total):
     return end + (base - end) * (1 + math.cos(math.pi * t)) / 2
 
 
+UNDER_TORCHRUN = "WORLD_SIZE" in os.environ
+
+
 def distributed():
     """(rank, world, local rank): torchrun's environment, or one process alone."""
-    if "WORLD_SIZE" not in os.environ:
+    if not UNDER_TORCHRUN:
         return 0, 1, 0
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
 
 
 def run(precision, args):
     rank, world, _ = distributed()
-    ddp = "WORLD_SIZE" in os.environ
+    ddp = UNDER_TORCHRUN
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.benchmark = True
@@ -130,7 +133,8 @@ def run(precision, args):
         "params": {"depth": args.depth, "precision": precision, "batch": args.batch, "accum": args.accum,
                    "optimizer": "sgd", "schedule": "cosine", "lr": args.lr, "steps": args.steps,
                    "untimed_steps": untimed, "image_size": args.image_size, "classes": args.classes,
-                   "data": "synthetic", "gpus": world, "ddp": ddp, "first_loss": first, "last_loss": loss, "timed_images": images,
+                   "data": "synthetic", "gpus": world, "ddp": ddp, "first_loss": first, "last_loss": loss,
+                   "timed_images": images,
                    "timed_seconds": seconds, "memory_format": fmt, "torch": torch.__version__,
                    "torchvision": torchvision.__version__, "cudnn": torch.backends.cudnn.version()},
         "gpu": {"name": props.name, "sm_clock": None, "mem_clock": None, "driver": None},
@@ -161,7 +165,7 @@ def main():
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     rank, _, local_rank = distributed()
-    if "WORLD_SIZE" in os.environ:
+    if UNDER_TORCHRUN:
         torch.cuda.set_device(local_rank)
         torch.distributed.init_process_group("nccl")
     results = []
@@ -174,7 +178,7 @@ def main():
               f"loss {r['params']['first_loss']:.4f} -> {r['params']['last_loss']:.4f}")
         results.append(r)
         torch.cuda.empty_cache()
-    if "WORLD_SIZE" in os.environ:
+    if UNDER_TORCHRUN:
         torch.distributed.destroy_process_group()
     if args.json and rank == 0:
         with open(args.json + ".tmp", "w") as f:

@@ -630,8 +630,9 @@ ConvAlgo<decltype(Perf::algo)> ResNet::Impl::choose(const ConvLayer& L, int coun
   }
   if (!found) {
     const auto mib = [](size_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; };
-    throw core::Error(std::string("cuDNN offers no ") + what + " algorithm for this convolution within the workspace limit (" +
-                      mib(opt.workspace_limit) + ")" + (strict_fp32() ? ", without tensor cores" : "") +
+    throw core::Error(std::string("cuDNN offers no ") + what +
+                      " algorithm for this convolution within the workspace limit (" + mib(opt.workspace_limit) + ")" +
+                      (strict_fp32() ? ", without tensor cores" : "") +
                       (opt.deterministic ? ", deterministic" : "") +
                       (least_workspace != SIZE_MAX ? "; the least such an algorithm needs is " + mib(least_workspace) +
                                                          " (--conv-workspace)"

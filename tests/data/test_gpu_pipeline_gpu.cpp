@@ -538,7 +538,7 @@ TEST(GpuLoader, GarbledScanDataNeverCrashes) {
     for (int b = 0; b < 4; ++b) {
       cpu_skipped += cpu.next().skipped;
       const GpuBatch& got = gpu.next(stream);
-      stream.synchronize();  // the batch is ready in `stream`'s order; cudaMemcpy does not wait for a non-blocking stream
+      stream.synchronize();  // ready in `stream`'s order: cudaMemcpy does not wait for a non-blocking stream
       for (float v : device_floats(got.images, size_t(lo.batch) * 16 * 16 * 3, core::DType::f32)) ASSERT_TRUE(std::isfinite(v));
     }
     const DecodeStats st = gpu.decode_stats();
