@@ -23,19 +23,7 @@ gpulab=$build/src/cli/gpulab
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(nvidia-smi -L | wc -l)
 ((gpus > 8)) && gpus=8
-failed=0
-part() {  # part NAME COMMAND...: runs it, logging to $out/NAME.log, and remembers a failure
-  local name=$1
-  shift
-  echo "== $name: $*"
-  "$@" > "$out/$name.log" 2>&1
-  local status=$?
-  if ((status != 0)); then
-    echo "   FAILED (exit $status), last lines of $out/$name.log:"
-    tail -5 "$out/$name.log" | sed 's/^/   /'
-    failed=1
-  fi
-}
+source bench/part.sh
 common=(--dummy-weights --input 128 --output 128 --prefill 0)
 
 if ((gpus >= 2)); then  # 138 GB of bf16 weights: more than one H200 holds beside a KV cache

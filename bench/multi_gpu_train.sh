@@ -26,51 +26,39 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 gpus=$(nvidia-smi -L | wc -l)
 ((gpus > 8)) && gpus=8
 counts=$(for g in 1 2 4 8; do ((g <= gpus)) && echo $g; done)
-failed=0
-run() {  # run NAME COMMAND...: logs to $out/NAME.log, remembers a failure
-  local name=$1
-  shift
-  echo "== $name: $*"
-  "$@" > "$out/$name.log" 2>&1
-  local status=$?
-  if ((status != 0)); then
-    echo "   FAILED (exit $status), last lines of $out/$name.log:"
-    tail -5 "$out/$name.log" | sed 's/^/   /'
-    failed=1
-  fi
-}
+source bench/part.sh
 has() { [[ " $parts " == *" $1 "* ]]; }
 
 if has speed; then
   for g in $counts; do
-    run train_fp16_g$g "$gpulab" train --synthetic --precision fp16 --batch 256 --steps "$steps" --gpus "$g" \
+    part train_fp16_g$g "$gpulab" train --synthetic --precision fp16 --batch 256 --steps "$steps" --gpus "$g" \
       --json "$out/train_fp16_g$g.json"
   done
 fi
 if has peer; then
   for g in $(printf '%s\n' 1 "$gpus" | sort -un); do
-    run peer_ddp_g$g torchrun --standalone --nproc-per-node "$g" bench/peers/torch_resnet50.py --precision fp16 \
+    part peer_ddp_g$g torchrun --standalone --nproc-per-node "$g" bench/peers/torch_resnet50.py --precision fp16 \
       --batch 256 --steps "$steps" --json "$out/peer_ddp_g$g.json"
   done
 fi
 if has jpeg || has check; then
   data=${DATA:-/tmp/gpulab_multi_gpu_jpeg}
-  [[ -d $data/train ]] || run dataset "$gpulab" dataset make "$data" --classes 40 --images 300 --val 0 \
+  [[ -d $data/train ]] || part dataset "$gpulab" dataset make "$data" --classes 40 --images 300 --val 0 \
     --threads "$(nproc)"
 fi
 if has jpeg; then
   for g in $(printf '%s\n' 1 "$gpus" | sort -un); do
-    run train_jpeg_gpu_g$g "$gpulab" train --data "$data" --pipeline gpu --precision fp16 --batch 256 --steps 60 \
+    part train_jpeg_gpu_g$g "$gpulab" train --data "$data" --pipeline gpu --precision fp16 --batch 256 --steps 60 \
       --gpus "$g" --json "$out/train_jpeg_gpu_g$g.json"
   done
 fi
 if has check; then
   b=$((256 / gpus))
   check=(--data "$data" --precision fp32 --steps 20)
-  run check_ranks "$gpulab" train "${check[@]}" --gpus "$gpus" --batch $b --json "$out/check_ranks.json"
-  run check_accum "$gpulab" train "${check[@]}" --gpus 1 --batch $b --accum "$gpus" --json "$out/check_accum.json"
-  run check_one_batch "$gpulab" train "${check[@]}" --gpus 1 --batch 256 --json "$out/check_one_batch.json"
-  run check_sync_bn "$gpulab" train "${check[@]}" --gpus "$gpus" --batch $b --sync-bn --json "$out/check_sync_bn.json"
+  part check_ranks "$gpulab" train "${check[@]}" --gpus "$gpus" --batch $b --json "$out/check_ranks.json"
+  part check_accum "$gpulab" train "${check[@]}" --gpus 1 --batch $b --accum "$gpus" --json "$out/check_accum.json"
+  part check_one_batch "$gpulab" train "${check[@]}" --gpus 1 --batch 256 --json "$out/check_one_batch.json"
+  part check_sync_bn "$gpulab" train "${check[@]}" --gpus "$gpus" --batch $b --sync-bn --json "$out/check_sync_bn.json"
 fi
 
 python3 - "$out" "$gpus" <<'EOF'

@@ -116,8 +116,7 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
 // b = step x accum + micro either way, so both runs see the same images in the same crops.
 TEST(TrainerGpu, AccumulatedStepReportsTheMeanLossOfItsMicroBatches) {
   GPULAB_REQUIRE_GPU();
-  const fs::path dir = fs::temp_directory_path() / ("gpulab_train_accum_loss_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = fixtures::temp_dir("train_accum_loss");
   data::MakeOptions mo;
   mo.classes = 4;
   mo.train_images = 16;
