@@ -102,6 +102,8 @@ run_one() {
   export CUDA_VISIBLE_DEVICES=${devices[index % ${#devices[@]}]}
   # The sanitizers slow every kernel: the script's --timeout ends a stuck run, not gpulab's stall timeout.
   export GPULAB_STALL_TIMEOUT=${GPULAB_STALL_TIMEOUT:-0}
+  # Tests read it (tests/common/gpu.h): timing claims are not judged under a sanitizer.
+  export GPULAB_SANITIZER=$tool
   sanitize() { (cd "$(dirname "$exe")" && timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1; }
   sanitize
   code=$?

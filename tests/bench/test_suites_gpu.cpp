@@ -55,6 +55,10 @@ TEST(SuitesGpu, LatencyLevelsAreOrdered) {
   std::map<std::string, double> ns;
   for (const auto& r : results) ns[r["name"].get<std::string>()] = r["value"].get<double>();
   ASSERT_TRUE(ns.count("latency_l1") && ns.count("latency_l2") && ns.count("latency_hbm")) << table;
+  if (!sanitizer_tool().empty()) {
+    std::cout << "under " << sanitizer_tool() << ": the levels' order is not judged (instrumented loads)\n" << table;
+    return;
+  }
   EXPECT_GT(ns["latency_l2"], 2 * ns["latency_l1"]) << table;
   EXPECT_GT(ns["latency_hbm"], 1.3 * ns["latency_l2"]) << table;
 }
