@@ -108,10 +108,14 @@ TEST_P(DiagnoseExample, PlantedRuleIsTheTopFinding) {
   const Diagnosis d = diagnose(rule, example(rule));
   ASSERT_EQ(d.exit_code, 0) << d.out;
   ASSERT_TRUE(d.report.contains("findings")) << d.out;
-  ASSERT_FALSE(d.report["findings"].empty()) << d.out << gap_context(d.trace);
-  EXPECT_EQ(d.report["findings"][0]["rule"], rule)
-      << rules(d.report) << "\n" << d.report["findings"].dump(1) << "\n" << d.out << gap_context(d.trace);
-  EXPECT_NE(d.report["findings"][0]["severity"], "low") << rules(d.report);
+  // A sanitizer slows the example's kernels 10-100x, which changes what its timeline shows (a
+  // launch-bound loop is kernel-bound there): the ranking is judged only outside one.
+  if (sanitizer_tool().empty()) {
+    ASSERT_FALSE(d.report["findings"].empty()) << d.out << gap_context(d.trace);
+    EXPECT_EQ(d.report["findings"][0]["rule"], rule)
+        << rules(d.report) << "\n" << d.report["findings"].dump(1) << "\n" << d.out << gap_context(d.trace);
+    EXPECT_NE(d.report["findings"][0]["severity"], "low") << rules(d.report);
+  }
   EXPECT_EQ(d.report["summary"]["dropped_records"], 0);
   EXPECT_GT(d.report["summary"]["nvml_samples"].get<int>(), 0) << "NVML sampler recorded nothing";
   EXPECT_EQ(d.trace.kernels.size(), d.report["summary"]["kernels"].get<size_t>());
