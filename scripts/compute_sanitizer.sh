@@ -73,8 +73,8 @@ for t in json.load(sys.stdin)["tests"]:
 # was printed, else " [printed: N ours, M libraries, K without a host frame]". A library's reads
 # of its own outputs are often the tools' blind spots (docs/reliability.md: bulk stores, the JPEG
 # engine); a report in our code is read first.
-# The first line of a printed report, whichever the tool.
-report_start='^========= (Uninitialized|Invalid|Error|Barrier|Race|Program hit|Host API)'
+# The first line of a printed report, whichever the tool ("Error: process didn't terminate" is none).
+report_start='^========= (Uninitialized|Invalid|Error: Race|Barrier|Race|Program hit|Host API)'
 launched_by() {
   awk -v start="$report_start" '
     function close_report() { if (open && !seen) bare++; open = 0 }
