@@ -27,7 +27,7 @@ void run_memory_suite(Context& ctx) {
   core::DeviceBuffer<> a(size), b(size);
   core::DeviceBuffer<uint32_t> sink(1);
   GPULAB_CHECK(cudaMemsetAsync(a.get(), 0x5a, size, stream));
-  GPULAB_CHECK(cudaMemsetAsync(sink.get(), 0, sizeof(uint32_t), stream));  // the read kernel xors into it
+  GPULAB_CHECK(cudaMemsetAsync(sink.get(), 0, sink.bytes(), stream));  // the read kernel xors into it
   const auto hbm_peak = ctx.datasheet().memory_gbps;
   const nlohmann::json params = {{"bytes", size}};
 

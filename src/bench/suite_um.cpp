@@ -51,7 +51,7 @@ void run_um_suite(Context& ctx) {
   std::unique_ptr<std::byte, ManagedFree> p(raw);
   core::Stream stream;
   core::DeviceBuffer<uint32_t> sink(1);
-  GPULAB_CHECK(cudaMemsetAsync(sink.get(), 0, sizeof(uint32_t), stream));  // the read kernel xors into it
+  GPULAB_CHECK(cudaMemsetAsync(sink.get(), 0, sink.bytes(), stream));  // the read kernel xors into it
   core::EventTimer timer(stream);
   const int reps = ctx.quick() ? 3 : 5;
   const cudaMemLocation on_device{cudaMemLocationTypeDevice, dev}, on_host{cudaMemLocationTypeHost, 0};
