@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/sanitizer.h"
 
 namespace gpulab::blas {
 
@@ -182,6 +183,7 @@ void Blas::matmul(const MatmulShape& s, const MatmulTypes& t, const void* a, con
     GPULAB_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.b, sizeof scales.b));
     GPULAB_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.a, sizeof scales.a));
   }
+  if (beta == 0.f) core::zero_library_result_under_initcheck(c, size_t(s.m * s.n) * core::dtype_size(t.c), stream);
   GPULAB_CHECK(cublasLtMatmul(state_->handle, plan->desc, &alpha, b, plan->layout_x, a, plan->layout_y, &beta, c,
                               plan->layout_c, c, plan->layout_c, &plan->algo, state_->workspace.get(),
                               state_->workspace.bytes(), stream));

@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/sanitizer.h"
 #include "train/resnet.h"
 #include "train/sync_batchnorm.h"
 
@@ -775,7 +776,13 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
 template <class Run>
 void ResNet::Impl::conv_direction(const ConvLayer& L, ConvLayout layout, ConvOperand result, ConvData in, void* out,
                                   float beta, Run&& run) {
-  if (layout == ConvLayout::nhwc) return run(L.descs(layout), in, out, &beta);
+  cudaStream_t stream = nullptr;
+  GPULAB_CHECK(cudnnGetStream(cudnn, &stream));
+  const size_t result_bytes = operand_bytes(L, result);
+  if (layout == ConvLayout::nhwc) {
+    if (beta == 0.f) core::zero_library_result_under_initcheck(out, result_bytes, stream);
+    return run(L.descs(layout), in, out, &beta);
+  }
   const float one = 1.f, zero = 0.f;
   for (int o = 0; o < kConvOperands; ++o) {
     if (o == result) continue;
@@ -785,6 +792,7 @@ void ResNet::Impl::conv_direction(const ConvLayer& L, ConvLayout layout, ConvOpe
     in[size_t(o)] = copy;
   }
   void* result_nchw = nchw_scratch[result].get();
+  core::zero_library_result_under_initcheck(result_nchw, result_bytes, stream);
   run(L.descs(layout), in, result_nchw, &zero);
   GPULAB_CHECK(cudnnTransformTensor(cudnn, &one, L.operand_desc(result, ConvLayout::nchw), result_nchw, &beta,
                                     L.operand_desc(result, ConvLayout::nhwc), out));

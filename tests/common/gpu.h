@@ -5,10 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "core/device.h"
+#include "core/sanitizer.h"
 
 #define GPULAB_REQUIRE_GPU()                                          \
   do {                                                                \
@@ -46,7 +46,4 @@ inline bool gpus_reach_each_other(int n) {
 // The compute-sanitizer tool this test runs under ("" outside one): scripts/compute_sanitizer.sh
 // sets GPULAB_SANITIZER. Its instrumentation slows every access by 10-100x and unevenly, so a claim
 // about timing (a latency ordering) says nothing there; the work and its other checks still run.
-inline std::string sanitizer_tool() {
-  const char* tool = std::getenv("GPULAB_SANITIZER");
-  return tool ? tool : "";
-}
+using ::gpulab::core::sanitizer_tool;

@@ -283,6 +283,10 @@ TEST(GpuLoader, NvjpegDecodeIsCloseToTurboJpeg) {
   // Also with the hardware engines switched off (GPULAB_NVJPEG_HARDWARE=0, the escape from an engine fault).
   for (const bool hardware_off : {false, true}) {
     SCOPED_TRACE(hardware_off ? "GPULAB_NVJPEG_HARDWARE=0" : "hardware engines allowed");
+    if (!hardware_off && sanitizer_tool() == "initcheck") {  // it cannot see the engines' writes
+      std::cout << "under initcheck: the GPU-hybrid backend only\n";
+      continue;
+    }
     if (hardware_off) setenv("GPULAB_NVJPEG_HARDWARE", "0", 1);
     else unsetenv("GPULAB_NVJPEG_HARDWARE");
     core::DeviceBuffer<uint8_t> out(stride * files.size());

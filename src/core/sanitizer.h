@@ -1,0 +1,22 @@
+// What a compute-sanitizer run needs from the library: scripts/compute_sanitizer.sh sets
+// GPULAB_SANITIZER to the tool it runs (memcheck, racecheck, initcheck, synccheck).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+
+namespace gpulab::core {
+
+// The tool this process runs under, as GPULAB_SANITIZER names it ("" outside one).
+const std::string& sanitizer_tool();
+
+// initcheck does not see bulk (TMA) stores (scripts/initcheck_bulk_store_probe.cu shows it), and
+// cuBLASLt's and cuDNN's sm_90 kernels write their results that way, so initcheck flags every
+// later read of such a result although the data is there. Under initcheck only, this zeroes
+// `bytes` at `result` on `stream` before a library call writes all of them: initcheck then sees
+// them written, and what it reports is about our own kernels. Outside initcheck it does nothing.
+void zero_library_result_under_initcheck(void* result, size_t bytes, cudaStream_t stream);
+
+}  // namespace gpulab::core
