@@ -119,8 +119,9 @@ run_one() {
     code=$?
   fi
   # memcheck, initcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
-  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
-  errors=$(grep -hoE 'ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards displayed \([0-9]+ error' "$log" |
+  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)", singular for one ("1 hazard
+  # displayed (1 error, ..."), which the table counted as 0 before session 29.
+  errors=$(grep -hoE 'ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ error' "$log" |
     grep -oE '[0-9]+ error' | awk '{s += $1} END {print s + 0}')
   note=$errors
   # A run cut short prints no summary: count the reports it printed before (at most --print-limit),

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""scripts/compute_sanitizer.sh and scripts/sanitizer_coverage.py, on a machine without a GPU.
+
+Stand-ins for `ctest` (it lists the gpu tests below) and `compute-sanitizer` (it prints what the
+real tool prints for each kind of run, from its documented output) go first on PATH. The scripts'
+summary lines, verdicts and coverage counts must follow from those logs. CTest runs this with the
+cpu label.
+"""
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import textwrap
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+COMPUTE_SANITIZER = os.path.join(ROOT, "scripts", "compute_sanitizer.sh")
+COVERAGE = os.path.join(ROOT, "scripts", "sanitizer_coverage.py")
+TOOLS = ("memcheck", "racecheck", "initcheck")
+TESTS = ("Fake.Clean", "Fake.OneRace", "Fake.LibraryAndOurReads", "Fake.Hangs", "Fake.Skips",
+         "Fake.SanitizerFails", "Fake.ChildKilled", "Fake/Param.Named/0")
+
+# Lists TESTS as `ctest -L gpu --show-only=json-v1` does: one command per test.
+FAKE_CTEST = """#!/usr/bin/env python3
+import json, sys
+assert "-L" in sys.argv and "gpu" in sys.argv and "--show-only=json-v1" in sys.argv, sys.argv
+build = sys.argv[sys.argv.index("--test-dir") + 1]
+tests = {tests!r}
+print(json.dumps({{"tests": [{{"name": t, "command": [build + "/tests/test_fake_gpu", "--gtest_filter=" + t]}}
+                             for t in tests]}}))
+"""
+
+# The tool's output for one run: `compute-sanitizer --tool T ... exe --gtest_filter=NAME`.
+FAKE_SANITIZER = r"""#!/usr/bin/env bash
+while (($#)); do
+  case $1 in
+    --tool) tool=$2; shift 2 ;;
+    --gtest_filter=*) name=${1#*=}; shift ;;
+    *) shift ;;
+  esac
+done
+echo "env: GPULAB_SANITIZER=${GPULAB_SANITIZER-unset} GPULAB_NVJPEG_HARDWARE=${GPULAB_NVJPEG_HARDWARE-unset}"
+clean() {
+  if [[ $tool == racecheck ]]; then echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+  else echo "========= ERROR SUMMARY: 0 errors"; fi
+  exit 0
+}
+case "$name/$tool" in
+  Fake.OneRace/racecheck)
+    echo "========= Error: Race reported between Write access at reduce_kernel(float *)+0x90"
+    echo "=========     and Read access at reduce_kernel(float *)+0xd0 [32 hazards]"
+    echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
+    exit 99 ;;
+  Fake.LibraryAndOurReads/initcheck)
+    echo "========= Uninitialized __global__ memory read of size 2 bytes"
+    echo "=========     at bn_fw_tr_1C11_kernel_NCHW+0x400"
+    echo "=========     Host Frame: [0x2f0f3f] in libcuda.so.1"
+    echo "=========     Host Frame: cudnnBatchNormalizationForwardTraining [0x1d1] in libcudnn_ops.so.9"
+    echo "========= Uninitialized __global__ memory read of size 4 bytes"
+    echo "=========     at rope_kernel+0x120"
+    echo "=========     Host Frame: [0x2f0f3f] in libcuda.so.1"
+    echo "=========     Host Frame: [0x15f2b] in libcudart.so.13"
+    echo "=========     Host Frame: gpulab::kernels::rope(...) [0x8a11] in test_fake_gpu"
+    echo "========= ERROR SUMMARY: 2 errors"
+    exit 99 ;;
+  Fake.Hangs/memcheck)
+    echo "========= Invalid __global__ read of size 4 bytes"
+    echo "=========     at gather_kernel+0x70"
+    echo "=========     Host Frame: gpulab::gather(...) [0x42] in test_fake_gpu"
+    exec sleep 60 ;;
+  Fake.Skips/*)
+    echo "[  SKIPPED ] Fake.Skips (0 ms)"
+    clean ;;
+  Fake.SanitizerFails/initcheck)
+    echo "========= Internal Sanitizer Error: The Sanitizer encountered an error while launching the application"
+    exit 255 ;;
+  Fake.ChildKilled/racecheck)
+    echo "========= Error: process didn't terminate successfully"
+    echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+    exit 1 ;;
+  *) clean ;;
+esac
+"""
+
+
+def write_executable(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+class SanitizerScripts(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="gpulab_sanitizer_scripts_")
+        bin_dir = os.path.join(cls.dir, "bin")
+        cls.build = os.path.join(cls.dir, "build")
+        os.makedirs(bin_dir)
+        os.makedirs(os.path.join(cls.build, "tests"))
+        write_executable(os.path.join(bin_dir, "ctest"), FAKE_CTEST.format(tests=list(TESTS)))
+        write_executable(os.path.join(bin_dir, "compute-sanitizer"), FAKE_SANITIZER)
+        cls.env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], OUT=os.path.join(cls.dir, "out"),
+                       CUDA_VISIBLE_DEVICES="0")
+        cls.env.pop("GPULAB_NVJPEG_HARDWARE", None)
+        cls.env.pop("GPULAB_SANITIZER", None)
+        run = subprocess.run([COMPUTE_SANITIZER, "--build", cls.build, "--tools", " ".join(TOOLS), "--jobs", "4",
+                              "--timeout", "3"], env=cls.env, capture_output=True, text=True, timeout=120)
+        cls.status, cls.stdout = run.returncode, run.stdout + run.stderr
+        cls.logs = os.path.join(cls.dir, "out", "compute-sanitizer")
+        cls.rows = {}
+        with open(os.path.join(cls.logs, "summary.txt"), encoding="utf-8") as f:
+            header = f.readline().split()
+            assert header == ["test", "tool", "exit", "sec", "errors"], header
+            for line in f:
+                test, tool, code, _seconds, note = line.split(None, 4)
+                cls.rows[(test, tool)] = (int(code), note.strip())
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def row(self, test, tool):
+        self.assertIn((test, tool), self.rows, self.stdout)
+        return self.rows[(test, tool)]
+
+    def test_every_test_and_tool_has_one_line(self):
+        self.assertEqual(set(self.rows), {(t, tool) for t in TESTS for tool in TOOLS}, self.stdout)
+
+    def test_clean_runs_report_zero(self):
+        for tool in TOOLS:
+            self.assertEqual(self.row("Fake.Clean", tool), (0, "0"))
+            self.assertEqual(self.row("Fake/Param.Named/0", tool), (0, "0"))
+
+    def test_a_single_race_counts_as_one_error(self):
+        # racecheck's summary is singular for one hazard: "1 hazard displayed (1 error, ...".
+        code, note = self.row("Fake.OneRace", "racecheck")
+        self.assertEqual(code, 99)
+        self.assertTrue(note.startswith("1 "), note)
+        self.assertIn("[printed: 0 ours, 0 libraries, 1 without a host frame]", note)
+
+    def test_reports_are_attributed_to_the_first_frame_past_the_cuda_runtime(self):
+        code, note = self.row("Fake.LibraryAndOurReads", "initcheck")
+        self.assertEqual((code, note), (99, "2 [printed: 1 ours, 1 libraries, 0 without a host frame]"))
+
+    def test_a_timed_out_run_counts_the_reports_it_printed(self):
+        code, note = self.row("Fake.Hangs", "memcheck")
+        self.assertEqual(code, 124)
+        self.assertTrue(note.startswith("1 printed (timed out)"), note)
+
+    def test_a_skipped_test_says_so(self):
+        self.assertEqual(self.row("Fake.Skips", "memcheck"), (0, "0 (skipped)"))
+
+    def test_an_internal_sanitizer_error_is_not_judged(self):
+        code, note = self.row("Fake.SanitizerFails", "initcheck")
+        self.assertEqual(code, 125)
+        self.assertIn("not judged", note)
+
+    def test_a_killed_child_is_a_failure_not_a_report(self):
+        self.assertEqual(self.row("Fake.ChildKilled", "racecheck"), (1, "0"))
+
+    def test_each_run_names_its_tool_and_initcheck_leaves_out_the_jpeg_engine(self):
+        for tool in TOOLS:
+            with open(os.path.join(self.logs, f"Fake.Clean.{tool}.log"), encoding="utf-8") as f:
+                first = f.readline()
+            hardware = "0" if tool == "initcheck" else "unset"
+            self.assertEqual(first.strip(), f"env: GPULAB_SANITIZER={tool} GPULAB_NVJPEG_HARDWARE={hardware}")
+        self.assertTrue(os.path.exists(os.path.join(self.logs, "Fake_Param.Named_0.racecheck.log")))
+
+    def test_the_exit_status_and_totals(self):
+        self.assertEqual(self.status, 1, self.stdout)  # runs with reports or failures
+        total = re.search(r"(\d+) runs, (\d+) with errors or failures, (\d+) timed out, (\d+) not judged", self.stdout)
+        self.assertIsNotNone(total, self.stdout)
+        # Failures: OneRace, LibraryAndOurReads, ChildKilled.
+        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 3, 1, 1))
+
+    def coverage(self, *args, results=None):
+        return subprocess.run(["python3", COVERAGE, "--build", self.build, "--results", results or self.logs, *args],
+                              env=self.env, capture_output=True, text=True, check=True).stdout
+
+    def test_coverage_counts_only_clean_finished_unskipped_runs(self):
+        results = os.path.join(self.dir, "results")
+        os.makedirs(results, exist_ok=True)
+        shutil.copy(os.path.join(self.logs, "summary.txt"), os.path.join(results, "fake-sanitizer.txt"))
+        # A run that checked only some kernels never counts.
+        with open(os.path.join(results, "fake-kernel-filter-sanitizer.txt"), "w", encoding="utf-8") as f:
+            f.write("Fake.OneRace racecheck 0 1 0\n")
+        table = self.coverage(results=results)
+        counts = {m.group(1): (int(m.group(2)), int(m.group(3)))
+                  for m in re.finditer(r"^(memcheck|synccheck|initcheck|racecheck)\s+(\d+)\s+(\d+)", table, re.M)}
+        n = len(TESTS)
+        # Never clean: Skips under every tool; Hangs under memcheck; OneRace and ChildKilled under
+        # racecheck; LibraryAndOurReads and SanitizerFails under initcheck; synccheck never ran.
+        self.assertEqual(counts, {"memcheck": (n - 2, 2), "synccheck": (0, n), "initcheck": (n - 3, 3),
+                                  "racecheck": (n - 3, 3)}, table)
+        left = self.coverage("--left", "racecheck", results=results).strip()
+        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.Skips|Fake\.ChildKilled)$")
+
+
+if __name__ == "__main__":
+    unittest.main()
