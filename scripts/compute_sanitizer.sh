@@ -4,7 +4,7 @@
 # and prints a summary table.
 #   scripts/compute_sanitizer.sh [--build DIR] [--tools "memcheck racecheck initcheck synccheck"]
 #                                [--only TEST_REGEX] [--exclude TEST_REGEX] [--jobs N]
-#                                [--timeout S] [--leak-check] [--library-kernels]
+#                                [--timeout S] [--deadline S] [--leak-check] [--library-kernels]
 # Each test runs alone (`exe --gtest_filter=Suite.Name`), so a slow test costs only its own run and
 # a timeout names the test. Runs are spread round-robin over the GPUs (those CUDA_VISIBLE_DEVICES
 # lists, else all), each run seeing one; a test that skips there (it needs several GPUs) runs
@@ -16,6 +16,8 @@
 # test, tool, exit status, seconds, errors (a test that skipped says so). Exit 1 when any run
 # reports an error or fails; timeouts (124) and runs where the sanitizer itself failed (125,
 # "Internal Sanitizer Error", as when runs beside it took the GPU's memory) are listed, not judged.
+# --deadline S ends the whole pass S seconds after it starts (a device call's own limit): a run
+# still going then ends as a timeout, and the runs not started by then are listed as not run.
 # Runs share each GPU: the engine tests size their KV pools from free memory, so keep --jobs at
 # about 2 per GPU (session 7: 6 runs on one GPU failed 45 tests with out-of-memory).
 # synccheck leaves the libraries' kernels (NCCL, cuDNN, cuBLAS, nvJPEG) out unless
@@ -33,7 +35,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build-device tools="memcheck racecheck initcheck synccheck" only="" exclude="" jobs=4 timeout_s=600 leak_check=0
-library_kernels=0
+library_kernels=0 deadline=0
 while (($#)); do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -42,6 +44,7 @@ while (($#)); do
     --exclude) exclude=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
     --leak-check) leak_check=1; shift ;;  # memcheck also reports device memory never freed
     --library-kernels) library_kernels=1; shift ;;
     *) echo "compute_sanitizer.sh: unknown argument $1" >&2; exit 2 ;;
@@ -99,7 +102,14 @@ run_one() {
   local args=(--tool "$tool" --error-exitcode 99 --print-limit 50 --target-processes all --report-api-errors no)
   [[ $tool == memcheck && $leak_check == 1 ]] && args+=(--leak-check full)
   [[ $tool == synccheck && $library_kernels == 0 ]] && args+=(--kernel-name-exclude 'regex=nccl|cudnn|xmma|cublas|nvjet|nvjpeg')
-  local start=$(date +%s) code errors note
+  local start=$(date +%s) code errors note limit=$timeout_s
+  if ((deadline_at)); then
+    if ((start >= deadline_at)); then
+      printf '%-72s %-10s %5s %6s  %s\n' "$test" "$tool" - 0 "not run (--deadline)"
+      return
+    fi
+    ((deadline_at - start < limit)) && limit=$((deadline_at - start))
+  fi
   local devices
   IFS=, read -ra devices <<< "$device_list"
   export CUDA_VISIBLE_DEVICES=${devices[index % ${#devices[@]}]}
@@ -110,7 +120,7 @@ run_one() {
   # initcheck does not see what the JPEG hardware engine writes (session 27): under it, nvJPEG
   # decodes on its GPU-hybrid backend, whose kernels it sees. The other tools check the engine's path.
   [[ $tool == initcheck ]] && export GPULAB_NVJPEG_HARDWARE=0
-  sanitize() { (cd "$(dirname "$exe")" && timeout "$timeout_s" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1; }
+  sanitize() { (cd "$(dirname "$exe")" && timeout "$limit" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1; }
   sanitize
   code=$?
   if grep -q '\[  SKIPPED \]' "$log" && ((${#devices[@]} > 1)); then
@@ -138,13 +148,15 @@ run_one() {
   printf '%-72s %-10s %5s %6s  %s\n' "$test" "$tool" "$code" "$(($(date +%s) - start))" "$note"
 }
 export -f run_one launched_by
-export out sanitizer timeout_s leak_check library_kernels device_list report_start
+deadline_at=$((deadline > 0 ? $(date +%s) + deadline : 0))
+export out sanitizer timeout_s deadline_at leak_check library_kernels device_list report_start
 
 summary=$out/summary.txt
 printf '%-72s %-10s %5s %6s  %s\n' test tool exit sec errors | tee "$summary"
 awk '{print $0, NR}' "$runs" | xargs -P "$jobs" -L 1 bash -c 'run_one "$@"' _ | tee -a "$summary"
-status=$(awk 'NR > 1 && $3 != 124 && $3 != 125 && ($3 != 0 || $5 != 0) {bad = 1} END {print bad + 0}' "$summary")
-awk 'NR > 1 {n++; if ($3 == 124) t++; else if ($3 == 125) u++; else if ($3 != 0 || $5 != 0) f++}
-     END {printf "compute_sanitizer.sh: %d runs, %d with errors or failures, %d timed out, %d not judged\n", n, f, t, u}' "$summary"
+status=$(awk 'NR > 1 && $3 != "-" && $3 != 124 && $3 != 125 && ($3 != 0 || $5 != 0) {bad = 1} END {print bad + 0}' "$summary")
+awk 'NR > 1 {n++; if ($3 == "-") r++; else if ($3 == 124) t++; else if ($3 == 125) u++; else if ($3 != 0 || $5 != 0) f++}
+     END {printf "compute_sanitizer.sh: %d runs, %d with errors or failures, %d timed out, %d not judged, %d not run\n",
+          n, f, t, u, r}' "$summary"
 echo "compute_sanitizer.sh: logs and summary in $out"
 exit "$status"

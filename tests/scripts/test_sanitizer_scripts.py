@@ -101,21 +101,27 @@ class SanitizerScripts(unittest.TestCase):
         os.makedirs(os.path.join(cls.build, "tests"))
         write_executable(os.path.join(bin_dir, "ctest"), FAKE_CTEST.format(tests=list(TESTS)))
         write_executable(os.path.join(bin_dir, "compute-sanitizer"), FAKE_SANITIZER)
-        cls.env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], OUT=os.path.join(cls.dir, "out"),
-                       CUDA_VISIBLE_DEVICES="0")
+        cls.env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], CUDA_VISIBLE_DEVICES="0")
         cls.env.pop("GPULAB_NVJPEG_HARDWARE", None)
         cls.env.pop("GPULAB_SANITIZER", None)
-        run = subprocess.run([COMPUTE_SANITIZER, "--build", cls.build, "--tools", " ".join(TOOLS), "--jobs", "4",
-                              "--timeout", "3"], env=cls.env, capture_output=True, text=True, timeout=120)
-        cls.status, cls.stdout = run.returncode, run.stdout + run.stderr
-        cls.logs = os.path.join(cls.dir, "out", "compute-sanitizer")
-        cls.rows = {}
-        with open(os.path.join(cls.logs, "summary.txt"), encoding="utf-8") as f:
+        cls.status, cls.stdout, cls.logs, cls.rows = cls.run_script("out", "--tools", " ".join(TOOLS), "--jobs", "4",
+                                                                    "--timeout", "3")
+
+    @classmethod
+    def run_script(cls, out, *args):
+        """compute_sanitizer.sh's exit status, output, log folder and {(test, tool): (exit, note)}."""
+        env = dict(cls.env, OUT=os.path.join(cls.dir, out))
+        run = subprocess.run([COMPUTE_SANITIZER, "--build", cls.build, *args], env=env, capture_output=True, text=True,
+                             timeout=120)
+        logs = os.path.join(cls.dir, out, "compute-sanitizer")
+        rows = {}
+        with open(os.path.join(logs, "summary.txt"), encoding="utf-8") as f:
             header = f.readline().split()
             assert header == ["test", "tool", "exit", "sec", "errors"], header
             for line in f:
                 test, tool, code, _seconds, note = line.split(None, 4)
-                cls.rows[(test, tool)] = (int(code), note.strip())
+                rows[(test, tool)] = (code if code == "-" else int(code), note.strip())
+        return run.returncode, run.stdout + run.stderr, logs, rows
 
     @classmethod
     def tearDownClass(cls):
@@ -170,10 +176,24 @@ class SanitizerScripts(unittest.TestCase):
 
     def test_the_exit_status_and_totals(self):
         self.assertEqual(self.status, 1, self.stdout)  # runs with reports or failures
-        total = re.search(r"(\d+) runs, (\d+) with errors or failures, (\d+) timed out, (\d+) not judged", self.stdout)
+        total = re.search(r"(\d+) runs, (\d+) with errors or failures, (\d+) timed out, (\d+) not judged, (\d+) not run",
+                          self.stdout)
         self.assertIsNotNone(total, self.stdout)
         # Failures: OneRace, LibraryAndOurReads, ChildKilled.
-        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 3, 1, 1))
+        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 3, 1, 1, 0))
+
+    def test_a_deadline_ends_the_running_run_and_lists_the_rest_as_not_run(self):
+        status, stdout, _logs, rows = self.run_script("deadline", "--tools", "memcheck racecheck", "--jobs", "1",
+                                                      "--timeout", "60", "--deadline", "5",
+                                                      "--only", r"^Fake\.(Clean|Hangs)$")
+        self.assertEqual(rows[("Fake.Clean", "memcheck")], (0, "0"), stdout)
+        self.assertEqual(rows[("Fake.Clean", "racecheck")], (0, "0"), stdout)
+        code, note = rows[("Fake.Hangs", "memcheck")]  # it hangs: ended at the deadline, not after 60 s
+        self.assertEqual(code, 124, stdout)
+        self.assertTrue(note.startswith("1 printed (timed out)"), note)
+        self.assertEqual(rows[("Fake.Hangs", "racecheck")], ("-", "not run (--deadline)"), stdout)
+        self.assertIn("4 runs, 0 with errors or failures, 1 timed out, 0 not judged, 1 not run", stdout)
+        self.assertEqual(status, 0, stdout)
 
     def coverage(self, *args, results=None):
         return subprocess.run(["python3", COVERAGE, "--build", self.build, "--results", results or self.logs, *args],
