@@ -115,7 +115,8 @@ run_one() {
   export CUDA_VISIBLE_DEVICES=${devices[index % ${#devices[@]}]}
   # The sanitizers slow every kernel: the script's --timeout ends a stuck run, not gpulab's stall timeout.
   export GPULAB_STALL_TIMEOUT=${GPULAB_STALL_TIMEOUT:-0}
-  # Tests read it (tests/common/gpu.h): timing claims are not judged under a sanitizer.
+  # gpulab and its tests read it (src/core/sanitizer.h): timing claims are not judged under a
+  # sanitizer, and initcheck gets library results zeroed first.
   export GPULAB_SANITIZER=$tool
   # initcheck does not see what the JPEG hardware engine writes (session 27): under it, nvJPEG
   # decodes on its GPU-hybrid backend, whose kernels it sees. The other tools check the engine's path.
