@@ -348,7 +348,7 @@ struct ResNet::Impl {
   }
   template <class Run>
   void conv_direction(const ConvLayer& L, ConvLayout layout, ConvOperand result, ConvData in, void* out, float beta,
-                      Run&& run);
+                      cudaStream_t s, Run&& run);
   void conv_forward(ConvLayer& L, bool training, cudaStream_t s);
   void conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s);
   SyncBatchNorm sync_bn(const ConvLayer& L) const {
@@ -769,18 +769,15 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   GPULAB_CHECK(cudaMemcpy(L.run_var.get(), ones.data(), L.run_var.bytes(), cudaMemcpyHostToDevice));
 }
 
-// One direction of L's convolution: run(descs, in, out, beta) calls cuDNN on the two operands it
-// reads, in[kConvX|W|Y], and writes `out` (operand `result`) as its result + beta * out. In NCHW,
-// run gets NCHW copies of its inputs in scratch and writes into scratch, which is transposed
-// onto `out` with the same beta.
+// One direction of L's convolution on s (cuDNN's stream): run(descs, in, out, beta) calls cuDNN on
+// the two operands it reads, in[kConvX|W|Y], and writes `out` (operand `result`) as its result +
+// beta * out. In NCHW, run gets NCHW copies of its inputs in scratch and writes into scratch, which
+// is transposed onto `out` with the same beta.
 template <class Run>
 void ResNet::Impl::conv_direction(const ConvLayer& L, ConvLayout layout, ConvOperand result, ConvData in, void* out,
-                                  float beta, Run&& run) {
-  cudaStream_t stream = nullptr;
-  GPULAB_CHECK(cudnnGetStream(cudnn, &stream));
-  const size_t result_bytes = operand_bytes(L, result);
+                                  float beta, cudaStream_t s, Run&& run) {
   if (layout == ConvLayout::nhwc) {
-    if (beta == 0.f) core::zero_library_result_under_initcheck(out, result_bytes, stream);
+    if (beta == 0.f) core::zero_library_result_under_initcheck(out, operand_bytes(L, result), s);
     return run(L.descs(layout), in, out, &beta);
   }
   const float one = 1.f, zero = 0.f;
@@ -792,7 +789,7 @@ void ResNet::Impl::conv_direction(const ConvLayer& L, ConvLayout layout, ConvOpe
     in[size_t(o)] = copy;
   }
   void* result_nchw = nchw_scratch[result].get();
-  core::zero_library_result_under_initcheck(result_nchw, result_bytes, stream);
+  core::zero_library_result_under_initcheck(result_nchw, operand_bytes(L, result), s);
   run(L.descs(layout), in, result_nchw, &zero);
   GPULAB_CHECK(cudnnTransformTensor(cudnn, &one, L.operand_desc(result, ConvLayout::nchw), result_nchw, &beta,
                                     L.operand_desc(result, ConvLayout::nhwc), out));
@@ -802,7 +799,7 @@ void ResNet::Impl::conv_direction(const ConvLayer& L, ConvLayout layout, ConvOpe
 // conv runs first). Output: L.out, or the block output for a block's last conv.
 void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
   const float one = 1.f, zero = 0.f;
-  conv_direction(L, L.algos.fwd.layout, kConvY, {L.in, L.w_work, nullptr}, L.conv_out.get(), 0.f,
+  conv_direction(L, L.algos.fwd.layout, kConvY, {L.in, L.w_work, nullptr}, L.conv_out.get(), 0.f, s,
                  [&](const ConvDescs& d, const ConvData& in, void* y, const float* beta) {
                    GPULAB_CHECK(cudnnConvolutionForward(cudnn, &one, d.x, in[kConvX], d.w, in[kConvW], L.conv_desc,
                                                         L.algos.fwd.algo, workspace.get(), workspace.bytes(), beta,
@@ -892,7 +889,7 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
   // fp16/bf16 weight gradients go through dw_work, then are added into the fp32 gradients.
   const bool f32 = opt.dtype == core::DType::f32;
   conv_direction(L, L.algos.bwd_filter.layout, kConvW, {L.in, nullptr, dc}, f32 ? static_cast<void*>(L.dw) : dw_work.get(),
-                 f32 ? param_beta : 0.f, [&](const ConvDescs& d, const ConvData& in, void* dw, const float* beta) {
+                 f32 ? param_beta : 0.f, s, [&](const ConvDescs& d, const ConvData& in, void* dw, const float* beta) {
                    GPULAB_CHECK(cudnnConvolutionBackwardFilter(cudnn, &one, d.x, in[kConvX], d.y, in[kConvY],
                                                                L.conv_desc, L.algos.bwd_filter.algo, workspace.get(),
                                                                workspace.bytes(), beta, d.w, dw));
@@ -906,7 +903,7 @@ void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, c
   }
   params_ready(3 * int(&L - convs.data()), 3);  // weight, BN weight, BN bias
   if (L.d_in)
-    conv_direction(L, L.algos.bwd_data.layout, kConvX, {nullptr, L.w_work, dc}, L.d_in, beta_in,
+    conv_direction(L, L.algos.bwd_data.layout, kConvX, {nullptr, L.w_work, dc}, L.d_in, beta_in, s,
                    [&](const ConvDescs& d, const ConvData& in, void* dx, const float* beta) {
                      GPULAB_CHECK(cudnnConvolutionBackwardData(cudnn, &one, d.w, in[kConvW], d.y, in[kConvY],
                                                                L.conv_desc, L.algos.bwd_data.algo, workspace.get(),

@@ -12,7 +12,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import textwrap
 import unittest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
