@@ -21,18 +21,21 @@
 #include "llm/cuda_engine.h"
 #include "llm/fixtures.h"
 #include "llm/fp8_testing.h"
+#include "llm/near_tie.h"
 #include "llm/scheduler.h"
 #include "llm/tokenizer.h"
 
 namespace gpulab::llm {
 namespace {
 
+using testing::fp32_gap;
+using testing::near_tie;
+using testing::top1;
+
 struct Agreement {
   double rel_l2;
   int64_t top1_agree, rows;
 };
-
-int64_t top1(const float* row, int64_t vocab) { return std::max_element(row, row + vocab) - row; }
 
 Agreement compare_logits(const std::vector<float>& got, const std::vector<float>& want, int64_t vocab) {
   double num = 0, den = 0;
@@ -45,16 +48,6 @@ Agreement compare_logits(const std::vector<float>& got, const std::vector<float>
   }
   for (int64_t r = 0; r < rows; ++r) agree += top1(got.data() + r * vocab, vocab) == top1(want.data() + r * vocab, vocab);
   return {std::sqrt(num / den), agree, rows};
-}
-
-// The float32 margin by which `row`'s top token leads `token` (0 when `token` is the top).
-float fp32_gap(const float* row, int64_t vocab, int64_t token) { return row[top1(row, vocab)] - row[token]; }
-
-// A bf16 forward may pick another token than float32 only at a near tie: where the float32
-// logits of the two lie within two bf16 steps (2^-6 relative) of each other. The largest
-// margin transformers' own bf16 forward flips on these fixtures is 0.128 at 16.9 (2^-7.05).
-bool near_tie(const float* row, int64_t vocab, int64_t token) {
-  return fp32_gap(row, vocab, token) <= std::ldexp(std::abs(row[top1(row, vocab)]), -6);
 }
 
 // Engines in these tests keep a modest KV pool, so several can live at once.
@@ -380,20 +373,8 @@ TEST(CudaEngine, BatchedGreedyEqualsEachAlone) {
     std::printf("case %zu: first %zu of 24 greedy tokens equal the float32 fixture\n", i, same);
   }
   const CpuModel cpu(tiny());
-  constexpr int64_t V = 1024;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> ids = prompts[i];
-    ids.insert(ids.end(), batched[i].begin(), batched[i].end());
-    const std::vector<float> fp32 = cpu.logits(ids);
-    for (size_t t = 0; t < batched[i].size(); ++t) {
-      const float* row = fp32.data() + (prompts[i].size() - 1 + t) * V;
-      const int32_t token = batched[i][t];
-      if (token == top1(row, V)) continue;
-      std::printf("request %zu token %zu: engine %d, float32 %lld (float32 logits %.4f vs %.4f, margin %.4f)\n", i, t,
-                  token, (long long)top1(row, V), row[top1(row, V)], row[token], fp32_gap(row, V, token));
-      EXPECT_TRUE(near_tie(row, V, token)) << "request " << i << " token " << t << ": not a near tie";
-    }
-  }
+  for (size_t i = 0; i < prompts.size(); ++i)
+    testing::expect_float32_greedy_or_near_tie(cpu, prompts[i], batched[i], "request " + std::to_string(i));
   EXPECT_EQ(engine.kv_free_tokens(), engine.capacity().kv_blocks * engine.capacity().block_size);  // every page back
 }
 
