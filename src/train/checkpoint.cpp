@@ -1,6 +1,10 @@
 #include "train/checkpoint.h"
 
+#include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -111,10 +115,22 @@ std::string model_text(const ResNetLayout& layout) {
   return "ResNet-" + std::to_string(depth) + " with " + std::to_string(layout.classes) + " classes";
 }
 
-// The tensor `name` as float, of exactly `shape`; nullopt when absent and !required.
+// A value for a message: "-1e-09", not std::to_string's "-0.000000".
+std::string value_text(float v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
+// What a tensor's values may be: a variance (BN's running one, LAMB's second moment) is under a
+// square root, so a negative one would turn training into NaN steps later, far from its cause.
+enum class Values { finite, non_negative };
+
+// The tensor `name` as float, of exactly `shape`, every value finite (and non-negative when asked);
+// nullopt when absent and !required.
 std::optional<std::vector<float>> read_floats(const core::SafetensorsFile& f, const std::string& name,
                                               const std::vector<int64_t>& shape, const ResNetLayout& layout,
-                                              bool required = true) {
+                                              bool required = true, Values values = Values::finite) {
   const core::TensorInfo* t = f.find(name);
   if (!t) {
     if (!required) return std::nullopt;
@@ -140,11 +156,16 @@ std::optional<std::vector<float>> read_floats(const core::SafetensorsFile& f, co
       throw core::InputError(f.path().string() + ": '" + name + "' is " + std::string(core::dtype_name(t->dtype)) +
                              ", expected fp32, fp16 or bf16");
   }
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!std::isfinite(out[i]) || (values == Values::non_negative && out[i] < 0))
+      throw core::InputError(f.path().string() + ": '" + name + "' holds " + value_text(out[i]) + " at index " +
+                             std::to_string(i) + (values == Values::non_negative ? ", not a finite variance" : ""));
   return out;
 }
 
-// A scalar of an integer type (num_batches_tracked, counters).
-std::optional<int64_t> read_integer(const core::SafetensorsFile& f, const std::string& name, bool required) {
+// A scalar of an integer type (num_batches_tracked, counters), in [0, most].
+std::optional<int64_t> read_integer(const core::SafetensorsFile& f, const std::string& name, bool required,
+                                    int64_t most = std::numeric_limits<int32_t>::max()) {
   const core::TensorInfo* t = f.find(name);
   if (!t) {
     if (!required) return std::nullopt;
@@ -153,13 +174,17 @@ std::optional<int64_t> read_integer(const core::SafetensorsFile& f, const std::s
   if (t->numel() != 1 || (t->dtype != core::DType::i64 && t->dtype != core::DType::i32))
     throw core::InputError(f.path().string() + ": '" + name + "' is not one int32/int64 value");
   const auto bytes = f.data(*t);
-  if (t->dtype == core::DType::i32) {
-    int32_t v;
-    std::memcpy(&v, bytes.data(), 4);
-    return v;
-  }
   int64_t v;
-  std::memcpy(&v, bytes.data(), 8);
+  if (t->dtype == core::DType::i32) {
+    int32_t v32;
+    std::memcpy(&v32, bytes.data(), 4);
+    v = v32;
+  } else {
+    std::memcpy(&v, bytes.data(), 8);
+  }
+  if (v < 0 || v > most)
+    throw core::InputError(f.path().string() + ": '" + name + "' is " + std::to_string(v) + ", outside [0, " +
+                           std::to_string(most) + "]");
   return v;
 }
 
@@ -173,19 +198,38 @@ void put_param(std::vector<float>& packed, const Slot& s, const ResNetLayout& la
   }
 }
 
+std::vector<float> read_params_as(const core::SafetensorsFile& f, const ResNetLayout& layout, const std::string& prefix,
+                                  Values values) {
+  std::vector<float> packed(size_t(resnet_param_count(layout)));
+  for (const Slot& s : slots(layout))
+    if (s.kind == Slot::param) put_param(packed, s, layout, *read_floats(f, prefix + s.name, s.shape, layout, true, values));
+  return packed;
+}
+
 ModelState read_model(const core::SafetensorsFile& f, const ResNetLayout& layout, const std::string& prefix) {
   ModelState m;
-  m.params = read_param_tensors(f, layout, prefix);
+  m.params = read_params_as(f, layout, prefix, Values::finite);
   m.running_mean.resize(size_t(stat_count(layout)));
   m.running_var.resize(m.running_mean.size());
   for (const Slot& s : slots(layout)) {
     if (s.kind == Slot::tracked)  // the same in every BN; absent in some exports
-      m.batches_tracked = read_integer(f, prefix + s.name, false).value_or(m.batches_tracked);
+      m.batches_tracked = read_integer(f, prefix + s.name, false, std::numeric_limits<int64_t>::max())
+                              .value_or(m.batches_tracked);
     if (s.kind != Slot::mean && s.kind != Slot::var) continue;
-    const std::vector<float> v = *read_floats(f, prefix + s.name, s.shape, layout);
+    const std::vector<float> v =
+        *read_floats(f, prefix + s.name, s.shape, layout, true, s.kind == Slot::var ? Values::non_negative : Values::finite);
     std::copy(v.begin(), v.end(), (s.kind == Slot::mean ? m.running_mean : m.running_var).begin() + s.offset);
   }
   return m;
+}
+
+// Metadata `key` as a non-negative decimal integer, the whole text of it.
+bool parse_count(const std::map<std::string, std::string>& meta, const std::string& key, int64_t* out) {
+  const auto it = meta.find(key);
+  if (it == meta.end()) return false;
+  const std::string& text = it->second;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return !text.empty() && error == std::errc{} && end == text.data() + text.size() && *out >= 0;
 }
 
 const char* const kMomentNames[] = {"optimizer.m.", "optimizer.v."};
@@ -207,10 +251,7 @@ ModelState read_torchvision(const fs::path& path, const ResNetLayout& layout, co
 
 std::vector<float> read_param_tensors(const core::SafetensorsFile& f, const ResNetLayout& layout,
                                       const std::string& prefix) {
-  std::vector<float> packed(size_t(resnet_param_count(layout)));
-  for (const Slot& s : slots(layout))
-    if (s.kind == Slot::param) put_param(packed, s, layout, *read_floats(f, prefix + s.name, s.shape, layout));
-  return packed;
+  return read_params_as(f, layout, prefix, Values::finite);
 }
 
 fs::path checkpoint_file(const fs::path& dir) { return dir / "checkpoint.safetensors"; }
@@ -250,17 +291,18 @@ TrainState read_checkpoint(const fs::path& dir, const ResNetLayout& layout, int 
     throw core::InputError(path.string() + ": not a gpulab training checkpoint (no '" + std::string(kFormat) +
                            "' in its metadata)");
   TrainState st;
-  try {
-    st.step = std::stoll(meta.at("step"));
-  } catch (const std::exception&) {
-    throw core::InputError(path.string() + ": metadata has no valid 'step'");
-  }
+  if (!parse_count(meta, "step", &st.step))
+    throw core::InputError(path.string() + ": metadata has no valid 'step' (a count of steps done)");
   for (const auto& [k, v] : meta)
     if (k.rfind("recipe.", 0) == 0) st.recipe[k.substr(7)] = v;
   st.model = read_model(f, layout, "");
-  for (int k = 0; k < moment_count; ++k) st.moments.push_back(read_param_tensors(f, layout, kMomentNames[k]));
+  // LAMB's second moment (k = 1) is a variance.
+  for (int k = 0; k < moment_count; ++k)
+    st.moments.push_back(read_params_as(f, layout, kMomentNames[k], k == 1 ? Values::non_negative : Values::finite));
   st.optimizer_steps = int32_t(*read_integer(f, "optimizer.steps", true));
   if (const auto scale = read_floats(f, "scaler.scale", {}, layout, false)) {
+    if (!((*scale)[0] > 0))
+      throw core::InputError(path.string() + ": 'scaler.scale' is " + value_text((*scale)[0]) + ", not positive");
     st.scaler = LossScaleState{(*scale)[0], int32_t(*read_integer(f, "scaler.growth_tracker", true)), 0,
                                int32_t(*read_integer(f, "scaler.skipped_steps", true))};
   }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -38,6 +39,7 @@ ModelState random_model(const ResNetLayout& layout, uint32_t seed) {
   for (const auto& c : layout.convs) stats += c.out;
   m.running_mean = random_floats(size_t(stats), gen);
   m.running_var = random_floats(size_t(stats), gen);
+  for (float& v : m.running_var) v = std::abs(v);  // a variance
   m.batches_tracked = 1234567;
   return m;
 }
@@ -46,7 +48,11 @@ TrainState random_state(const ResNetLayout& layout, int moments, uint32_t seed) 
   std::mt19937 gen(seed);
   TrainState s;
   s.model = random_model(layout, seed + 1);
-  for (int k = 0; k < moments; ++k) s.moments.push_back(random_floats(s.model.params.size(), gen));
+  for (int k = 0; k < moments; ++k) {
+    s.moments.push_back(random_floats(s.model.params.size(), gen));
+    if (k == 1)
+      for (float& v : s.moments.back()) v = std::abs(v);  // LAMB's second moment
+  }
   s.optimizer_steps = 41;
   s.scaler = LossScaleState{32768.f, 17, 0, 3};
   s.step = 42;
@@ -219,6 +225,70 @@ TEST(Checkpoint, BadFilesGiveOneClearInputError) {
   expect_input_error([&] { read_torchvision(dir / "missing.safetensors", r18); },
                      {"missing.safetensors", "no tensor 'layer3.1.bn2.running_var'"});
   expect_input_error([&] { read_torchvision(dir / "nothing.safetensors", r18); }, {"nothing.safetensors"});
+  fs::remove_all(dir);
+}
+
+// Values that no run writes, each refused by name when read: the resumed run would otherwise
+// train on NaN (a non-finite weight, a negative variance under a square root, a scale of 0) or
+// start its loader and schedule at a negative step.
+TEST(Checkpoint, ValuesNoRunWritesGiveOneClearInputError) {
+  const fs::path dir = temp_dir("ckpt_values");
+  const ResNetLayout r18 = resnet_layout({18, 10, 4, false});
+  const std::string file = checkpoint_file(dir).string();
+  auto refused = [&](const TrainState& st, int moments, std::initializer_list<std::string> parts) {
+    write_checkpoint(dir, r18, st);
+    expect_input_error([&] { read_checkpoint(dir, r18, moments); }, parts);
+  };
+  const TrainState good = random_state(r18, 2, 9);
+  ASSERT_NO_THROW(write_checkpoint(dir, r18, good));
+  ASSERT_NO_THROW(read_checkpoint(dir, r18, 2));
+
+  TrainState st = good;
+  st.model.params[5] = NAN;  // conv1.weight, stored permuted: some index of it
+  refused(st, 2, {file, "'conv1.weight' holds nan"});
+  st = good;
+  st.model.params.back() = INFINITY;
+  refused(st, 2, {file, "'fc.bias' holds inf at index 9"});
+  st = good;
+  st.model.running_var[0] = -0.5f;
+  refused(st, 2, {file, "'bn1.running_var' holds -0.5", "not a finite variance"});
+  st = good;
+  st.moments[0].back() = NAN;
+  refused(st, 2, {file, "'optimizer.m.fc.bias' holds nan"});
+  st = good;
+  st.moments[1].back() = -1.f;
+  refused(st, 2, {file, "'optimizer.v.fc.bias' holds -1", "not a finite variance"});
+  st = good;
+  st.moments[0].back() = -1.f;  // a first moment may be negative
+  write_checkpoint(dir, r18, st);
+  EXPECT_NO_THROW(read_checkpoint(dir, r18, 2));
+  st = good;
+  st.scaler->scale = 0.f;
+  refused(st, 2, {file, "'scaler.scale' is 0", "not positive"});
+  st = good;
+  st.scaler->skipped_steps = -2;
+  refused(st, 2, {file, "'scaler.skipped_steps' is -2, outside [0, 2147483647]"});
+  st = good;
+  st.optimizer_steps = -1;
+  refused(st, 2, {file, "'optimizer.steps' is -1"});
+  st = good;
+  st.model.batches_tracked = -7;
+  refused(st, 2, {file, "'bn1.num_batches_tracked' is -7"});
+  st = good;
+  st.step = -3;
+  refused(st, 2, {file, "no valid 'step'"});
+
+  // The step as text: only a whole non-negative decimal number.
+  for (const std::string step : {"", "12abc", "+4", " 4", "1e3", "99999999999999999999"}) {
+    write_checkpoint(dir / "good", r18, good);
+    const core::SafetensorsFile f(checkpoint_file(dir / "good"));
+    std::vector<core::TensorToWrite> tensors;
+    for (const auto& t : f.tensors()) tensors.push_back({t.name, t.dtype, t.shape, f.data(t)});
+    auto meta = f.metadata();
+    meta["step"] = step;
+    core::write_safetensors(checkpoint_file(dir), tensors, meta);
+    expect_input_error([&] { read_checkpoint(dir, r18, 2); }, {file, "no valid 'step'"});
+  }
   fs::remove_all(dir);
 }
 

@@ -1,0 +1,135 @@
+// A training checkpoint (`gpulab train --resume`) and a torchvision state dict (`--init-from`)
+// whose safetensors header is arbitrary text, over the data of a real checkpoint of a narrow
+// ResNet-18: names, shapes, dtypes, offsets and metadata are what varies, not the parts
+// fuzz_safetensors already covers. Whatever loads has the layout's sizes and values a run can
+// use: finite, variances non-negative, counts non-negative, a positive loss scale.
+//
+// The seeds in corpus/train_checkpoint/ are the headers of such checkpoints. When the format
+// changes, remake them: GPULAB_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/train_checkpoint fuzz_train_checkpoint -runs=0
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "fuzz/fuzz_util.h"
+#include "train/checkpoint.h"
+
+using namespace gpulab;
+namespace fs = std::filesystem;
+
+namespace {
+
+const train::ResNetLayout& layout() {
+  static const train::ResNetLayout l = train::resnet_layout({18, 10, 2, false});
+  return l;
+}
+
+int64_t stat_count() {
+  int64_t n = 0;
+  for (const auto& c : layout().convs) n += c.out;
+  return n;
+}
+
+// A state with every part a checkpoint can hold: two moments (LAMB) and a loss scaler.
+train::TrainState full_state() {
+  train::TrainState st;
+  const size_t params = size_t(train::resnet_param_count(layout())), stats = size_t(stat_count());
+  for (size_t i = 0; i < params; ++i) st.model.params.push_back(std::sin(float(i)));
+  st.model.running_mean.assign(stats, 0.25f);
+  st.model.running_var.assign(stats, 1.5f);
+  st.model.batches_tracked = 100;
+  st.moments = {st.model.params, std::vector<float>(params, 0.125f)};
+  st.optimizer_steps = 99;
+  st.scaler = train::LossScaleState{1024.f, 3, 0, 1};
+  st.step = 100;
+  st.recipe = {{"batch", "32"}, {"precision", "fp16"}};
+  return st;
+}
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+std::string header_of(const fs::path& file) {
+  const std::string bytes = read_all(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);  // little-endian, as on every machine this runs on
+  return bytes.substr(8, n);
+}
+
+// The data section that every input's header points into: the full state's, whose tensors come
+// first in the same order as an export's and a one-moment checkpoint's.
+const std::string& data_section() {
+  static const std::string data = [] {
+    const fs::path dir = fuzz::scratch_dir() / "full";
+    train::write_checkpoint(dir, layout(), full_state());
+    const std::string bytes = read_all(train::checkpoint_file(dir));
+    return bytes.substr(8 + header_of(train::checkpoint_file(dir)).size());
+  }();
+  return data;
+}
+
+void check_model(const train::ModelState& m) {
+  fuzz::check(int64_t(m.params.size()) == train::resnet_param_count(layout()), "every parameter is read");
+  fuzz::check(int64_t(m.running_mean.size()) == stat_count() && m.running_var.size() == m.running_mean.size(),
+              "every running statistic is read");
+  for (float v : m.params) fuzz::check(std::isfinite(v), "parameters are finite");
+  for (float v : m.running_mean) fuzz::check(std::isfinite(v), "running means are finite");
+  for (float v : m.running_var) fuzz::check(std::isfinite(v) && v >= 0, "running variances are finite, not negative");
+  fuzz::check(m.batches_tracked >= 0, "the batch count is not negative");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* seeds = std::getenv("GPULAB_FUZZ_WRITE_SEEDS");
+  if (!seeds) return 0;
+  const fs::path out(seeds), dir = fuzz::scratch_dir() / "seeds";
+  fs::create_directories(out);
+  train::TrainState st = full_state();
+  train::write_checkpoint(dir, layout(), st);
+  fuzz::write_bytes(out / "lamb_fp16", header_of(train::checkpoint_file(dir)));
+  st.moments.pop_back();
+  st.scaler.reset();
+  train::write_checkpoint(dir, layout(), st);
+  fuzz::write_bytes(out / "sgd_fp32", header_of(train::checkpoint_file(dir)));
+  train::write_torchvision(dir / "export.safetensors", layout(), st.model);
+  fuzz::write_bytes(out / "torchvision_export", header_of(dir / "export.safetensors"));
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const fs::path dir = fuzz::scratch_dir() / "input", file = train::checkpoint_file(dir);
+  static const bool made = fs::create_directories(dir);
+  (void)made;
+  std::string bytes(8, '\0');
+  const uint64_t header_bytes = size;
+  std::memcpy(bytes.data(), &header_bytes, 8);
+  bytes.append(fuzz::as_text(data, size));
+  bytes.append(data_section());
+  fuzz::write_bytes(file, bytes);
+
+  for (int moments : {1, 2})
+    fuzz::refuse_or_pass([&] {
+      const train::TrainState st = train::read_checkpoint(dir, layout(), moments);
+      check_model(st.model);
+      fuzz::check(int(st.moments.size()) == moments, "every moment is read");
+      for (const auto& m : st.moments) {
+        fuzz::check(m.size() == st.model.params.size(), "a moment is parameter-shaped");
+        for (float v : m) fuzz::check(std::isfinite(v), "moments are finite");
+      }
+      if (moments == 2)
+        for (float v : st.moments[1]) fuzz::check(v >= 0, "LAMB's second moment is not negative");
+      fuzz::check(st.step >= 0 && st.optimizer_steps >= 0, "step counts are not negative");
+      if (st.scaler)
+        fuzz::check(std::isfinite(st.scaler->scale) && st.scaler->scale > 0 && st.scaler->growth_tracker >= 0 &&
+                        st.scaler->skipped_steps >= 0,
+                    "the loss scaler's state is usable");
+    });
+  fuzz::refuse_or_pass([&] { check_model(train::read_torchvision(file, layout())); });
+  return 0;
+}
