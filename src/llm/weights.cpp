@@ -49,6 +49,13 @@ void check_fp8_scale(const core::Checkpoint& ckpt, const fs::path& dir, const We
                            std::string(core::dtype_name(e->info->dtype)) + " and shape " + shape_text(e->info->shape) +
                            " (want a float scale of shape [] or [1] per tensor, or [" + std::to_string(rows) + "] or [" +
                            std::to_string(rows) + ", 1] per output channel)");
+  // A weight is scale · e4m3: an inf or NaN scale would give NaN logits at the first request, far
+  // from the file that caused them. (0 is a quantizer's honest scale for a row of zeros.)
+  const auto bytes = ckpt.data(*e);
+  for (int64_t i = 0; i < n; ++i)
+    if (const double v = core::load_as_double(bytes.data(), e->info->dtype, i); !std::isfinite(v))
+      throw core::InputError(dir.string() + ": '" + scale_name + "' holds " + std::to_string(v) + " at index " +
+                             std::to_string(i) + " (an fp8 scale must be finite)");
 }
 
 }  // namespace

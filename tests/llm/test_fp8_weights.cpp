@@ -87,7 +87,8 @@ class BrokenFp8Checkpoint : public ::testing::Test {
   void rewrite(const std::string& drop, const std::vector<core::TensorToWrite>& add) {
     const testing::ScratchDir src("fp8_src");
     testing::write_fp8_fixture(src.path(), Fp8ScaleLayout::mixed);
-    std::filesystem::copy_file(src.path() / "config.json", dir_.path() / "config.json");
+    std::filesystem::copy_file(src.path() / "config.json", dir_.path() / "config.json",
+                               std::filesystem::copy_options::overwrite_existing);
     const core::Checkpoint ckpt(src.path());
     std::vector<core::TensorToWrite> out;
     for (const auto& e : ckpt.tensors())
@@ -123,6 +124,16 @@ TEST_F(BrokenFp8Checkpoint, WrongScaleShapeIsNamed) {
   const std::vector<float> s(7, 1.0f);  // down_proj has 128 rows
   rewrite(scale_, {{scale_, core::DType::f32, {7}, std::span(reinterpret_cast<const uint8_t*>(s.data()), 28)}});
   expect_refused("[128, 1] per output channel");
+}
+
+TEST_F(BrokenFp8Checkpoint, ScaleThatIsNotFiniteIsNamed) {
+  for (const float bad : {INFINITY, -INFINITY, NAN}) {
+    std::vector<float> s(128, 0.01f);  // per output channel
+    s[77] = bad;
+    rewrite(scale_, {{scale_, core::DType::f32, {128, 1}, std::span(reinterpret_cast<const uint8_t*>(s.data()), 512)}});
+    expect_refused("'" + scale_ + "' holds");
+    expect_refused("at index 77 (an fp8 scale must be finite)");
+  }
 }
 
 }  // namespace
