@@ -157,6 +157,13 @@ void check_shape(const JsonFile& f, const LlamaConfig& c) {
            std::to_string(c.num_kv_heads) + ")");
   if (c.head_dim % 2 != 0) f.fail("head_dim must be even for RoPE, is " + std::to_string(c.head_dim));
   if (c.rms_norm_eps <= 0) f.fail("rms_norm_eps must be positive");
+  // A rotation by inf or NaN would make every logit NaN at the first token: theta 0, or a
+  // scaling factor below float's range (1e-300), divides by zero in float.
+  if (c.rope.theta <= 0) f.fail("rope_theta must be positive");
+  for (const float freq : rope_inv_freq(c.rope, c.head_dim))
+    if (!std::isfinite(freq))
+      f.fail("rope_theta " + std::to_string(c.rope.theta) + " with rope factor " + std::to_string(c.rope.factor) +
+             " gives a non-finite rotation frequency");
 }
 
 }  // namespace

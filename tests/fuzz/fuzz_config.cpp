@@ -1,5 +1,7 @@
 // config.json of arbitrary bytes: parsed or refused with an InputError; a parsed config has a
-// consistent, positive shape.
+// consistent, positive shape and finite rotation frequencies.
+#include <cmath>
+
 #include "fuzz/fuzz_util.h"
 #include "llm/config.h"
 
@@ -15,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::check(c.max_position_embeddings > 0, "the context is positive");
     fuzz::check(c.num_params() > 0, "the parameter count is positive (and did not overflow)");
     (void)llm::weight_specs(c);
-    (void)llm::rope_inv_freq(c.rope, c.head_dim);
+    for (const float freq : llm::rope_inv_freq(c.rope, c.head_dim))
+      fuzz::check(std::isfinite(freq), "rotation frequencies are finite");
   });
   return 0;
 }

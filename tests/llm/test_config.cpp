@@ -189,6 +189,22 @@ TEST(LlmConfig, ErrorsNameFileAndProblem) {
   msg = expect_input_error(j);
   EXPECT_NE(msg.find("low_freq_factor"), std::string::npos) << msg;
 
+  // RoPE settings whose frequencies would not be finite numbers.
+  for (const double theta : {0.0, -10000.0}) {
+    j = tiny_config_json();
+    j["rope_parameters"]["rope_theta"] = theta;
+    msg = expect_input_error(j);
+    EXPECT_NE(msg.find("rope_theta must be positive"), std::string::npos) << msg;
+  }
+  j = tiny_config_json();
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 1e-300}, {"rope_theta", 10000.0}};
+  msg = expect_input_error(j);
+  EXPECT_NE(msg.find("gives a non-finite rotation frequency"), std::string::npos) << msg;
+  j = tiny_config_json();
+  j["rope_parameters"]["rope_theta"] = 1e-300;  // positive as a double, 0 as a float
+  msg = expect_input_error(j);
+  EXPECT_NE(msg.find("gives a non-finite rotation frequency"), std::string::npos) << msg;
+
   // A float where an integer belongs is refused, not cast (1e300 to int64 was undefined behaviour).
   j = tiny_config_json();
   j["pretraining_tp"] = 1e300;
