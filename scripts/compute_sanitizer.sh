@@ -4,7 +4,8 @@
 # and prints a summary table.
 #   scripts/compute_sanitizer.sh [--build DIR] [--tools "memcheck racecheck initcheck synccheck"]
 #                                [--only TEST_REGEX] [--exclude TEST_REGEX] [--jobs N]
-#                                [--timeout S] [--deadline S] [--leak-check] [--library-kernels]
+#                                [--timeout S] [--deadline S] [--shortest-first RESULTS_DIR]
+#                                [--leak-check] [--library-kernels]
 # Each test runs alone (`exe --gtest_filter=Suite.Name`), so a slow test costs only its own run and
 # a timeout names the test. Runs are spread round-robin over the GPUs (those CUDA_VISIBLE_DEVICES
 # lists, else all), each run seeing one; a test that skips there (it needs several GPUs) runs
@@ -18,6 +19,9 @@
 # "Internal Sanitizer Error", as when runs beside it took the GPU's memory) are listed, not judged.
 # --deadline S ends the whole pass S seconds after it starts (a device call's own limit): a run
 # still going then ends as a timeout, and the runs not started by then are listed as not run.
+# --shortest-first DIR (with a deadline, more runs finish): runs start in the order of their last
+# recorded seconds in DIR's *sanitizer*.txt summaries (bench/results), the same tool's else
+# memcheck's, 120 s when neither ran; ties keep ctest's order.
 # Runs share each GPU: the engine tests size their KV pools from free memory, so keep --jobs at
 # about 2 per GPU (session 7: 6 runs on one GPU failed 45 tests with out-of-memory).
 # synccheck leaves the libraries' kernels (NCCL, cuDNN, cuBLAS, nvJPEG) out unless
@@ -35,7 +39,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build-device tools="memcheck racecheck initcheck synccheck" only="" exclude="" jobs=4 timeout_s=600 leak_check=0
-library_kernels=0 deadline=0
+library_kernels=0 deadline=0 shortest_first=""
 while (($#)); do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -45,6 +49,7 @@ while (($#)); do
     --jobs) jobs=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --deadline) deadline=$2; shift 2 ;;
+    --shortest-first) shortest_first=$2; shift 2 ;;
     --leak-check) leak_check=1; shift ;;  # memcheck also reports device memory never freed
     --library-kernels) library_kernels=1; shift ;;
     *) echo "compute_sanitizer.sh: unknown argument $1" >&2; exit 2 ;;
@@ -63,15 +68,22 @@ device_list=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((gpus > 0 ? gpus - 1 : 0)))}
 runs=$out/runs.txt
 ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
 import json, re, sys
-only, exclude, tools = sys.argv[1], sys.argv[2], sys.argv[3].split()
+only, exclude, tools, order_by = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4]
+runs = []
 for t in json.load(sys.stdin)["tests"]:
     cmd = t.get("command") or []
     name = next((a.split("=", 1)[1] for a in cmd if a.startswith("--gtest_filter=")), None)
     if not name or (only and not re.search(only, name)) or (exclude and re.search(exclude, name)):
         continue
-    for tool in tools:
-        print(cmd[0], name, tool)
-' "$only" "$exclude" "$tools" > "$runs"
+    runs += [(cmd[0], name, tool) for tool in tools]
+if order_by:
+    sys.path.insert(0, "scripts")
+    from sanitizer_coverage import last_seconds
+    seconds = last_seconds(order_by)
+    runs.sort(key=lambda r: seconds.get((r[1], r[2]), seconds.get((r[1], "memcheck"), 120)))
+for run in runs:
+    print(*run)
+' "$only" "$exclude" "$tools" "$shortest_first" > "$runs"
 (($(wc -l < "$runs"))) || { echo "compute_sanitizer.sh: no gpu tests selected in $build" >&2; exit 1; }
 
 # Who ran each report printed in log $1: the first host frame outside the CUDA driver and

@@ -35,18 +35,26 @@ def gpu_tests(build):
     return names
 
 
-def clean_runs(results):
-    clean = set()
+def records(results):
+    """Each run line of the summaries as (fields, line): test, tool, exit, seconds, errors; files in
+    name order, so a later session's line comes after an earlier one's."""
     for path in sorted(glob.glob(os.path.join(results, "*sanitizer*.txt"))):
         if "kernel-filter" in os.path.basename(path):
             continue
         for line in open(path, encoding="utf-8"):
             fields = line.split()
-            if len(fields) < 5 or fields[0] == "test" or fields[1] not in TOOLS:
-                continue
-            if fields[2] == "0" and fields[4] == "0" and "skipped" not in line:
-                clean.add((fields[0], fields[1]))
-    return clean
+            if len(fields) >= 5 and fields[0] != "test" and fields[1] in TOOLS:
+                yield fields, line
+
+
+def clean_runs(results):
+    return {(f[0], f[1]) for f, line in records(results) if f[2] == "0" and f[4] == "0" and "skipped" not in line}
+
+
+def last_seconds(results):
+    """{(test, tool): seconds} of each pair's latest run that started ("-": not run). A timed-out
+    run's seconds are a lower bound."""
+    return {(f[0], f[1]): int(f[3]) for f, _ in records(results) if f[2] != "-" and f[3].isdigit()}
 
 
 def main():

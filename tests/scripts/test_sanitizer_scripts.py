@@ -194,6 +194,27 @@ class SanitizerScripts(unittest.TestCase):
         self.assertIn("4 runs, 0 with errors or failures, 1 timed out, 0 not judged, 1 not run", stdout)
         self.assertEqual(status, 0, stdout)
 
+    def test_shortest_first_orders_runs_by_their_last_recorded_seconds(self):
+        results = os.path.join(self.dir, "timings")
+        os.makedirs(results, exist_ok=True)
+        with open(os.path.join(results, "2026-01-01-sanitizer.txt"), "w", encoding="utf-8") as f:
+            f.write("test tool exit sec errors\n"
+                    "Fake.Clean memcheck 0 50 0\n"
+                    "Fake.Clean racecheck 0 1 0\n"
+                    "Fake.Skips memcheck 0 5 0 (skipped)\n"
+                    "Fake.OneRace memcheck 0 200 0\n"
+                    "Fake.OneRace memcheck - 0 not run (--deadline)\n")  # not run: no time of its own
+        _status, stdout, logs, _rows = self.run_script("ordered", "--tools", "memcheck racecheck", "--jobs", "1",
+                                                       "--timeout", "2", "--shortest-first", results,
+                                                       "--only", r"^Fake\.(Clean|OneRace|Hangs|Skips)$")
+        with open(os.path.join(logs, "summary.txt"), encoding="utf-8") as f:
+            order = [tuple(line.split()[:2]) for line in f][1:]
+        # Racecheck's own 1 s; Skips' memcheck 5 s for both tools; 50 s; Hangs never ran (120 s);
+        # OneRace's 200 s. Equal times keep ctest's order.
+        self.assertEqual(order, [("Fake.Clean", "racecheck"), ("Fake.Skips", "memcheck"), ("Fake.Skips", "racecheck"),
+                                 ("Fake.Clean", "memcheck"), ("Fake.Hangs", "memcheck"), ("Fake.Hangs", "racecheck"),
+                                 ("Fake.OneRace", "memcheck"), ("Fake.OneRace", "racecheck")], stdout)
+
     def coverage(self, *args, results=None):
         return subprocess.run(["python3", COVERAGE, "--build", self.build, "--results", results or self.logs, *args],
                               env=self.env, capture_output=True, text=True, check=True).stdout
