@@ -253,14 +253,24 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlock
     const int page = pages.div(pos);
     return table[page] * pages.divisor() + pages.mod(pos, page);
   };
-  // Requests this thread's keys or values of one stage of the split at s0 (n rows). Rows past n
-  // read row n - 1 again (already on its way; rows from `cached` on are not used): without a
-  // branch per row, every load of the stage issues before the first one is waited on. The
-  // slots come first, so that the block table's loads are in flight together too.
-  auto load_stage = [&](uint4 (&raw)[kStage][kChunks], const T* cache, int s0, int n, int stage) {
+  // Requests this thread's keys or values of one stage of the split at s0, whose first
+  // `from_cache` rows come from the cache. Later rows are not used and read row from_cache - 1 again
+  // (already on its way): without a branch per row, every load of the stage issues before the
+  // first one is waited on. The newest position's slot is not read: it may not be written yet
+  // (compute-sanitizer's initcheck flagged those reads, session 30), and a split of the newest
+  // position alone loads nothing. The slots come first, so that the block table's loads are in
+  // flight together too.
+  auto load_stage = [&](uint4 (&raw)[kStage][kChunks], const T* cache, int s0, int from_cache, int stage) {
+    if (from_cache == 0) {
+#pragma unroll
+      for (int p = 0; p < kStage; ++p)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) raw[p][c] = uint4{};
+      return;
+    }
     int32_t slots[kStage];
 #pragma unroll
-    for (int p = 0; p < kStage; ++p) slots[p] = slot_of(s0 + min(row_of(stage, p), n - 1));
+    for (int p = 0; p < kStage; ++p) slots[p] = slot_of(s0 + min(row_of(stage, p), from_cache - 1));
 #pragma unroll
     for (int p = 0; p < kStage; ++p) {
       const T* at = cache + (static_cast<int64_t>(slots[p]) * kv_heads + kvh) * D;
@@ -274,8 +284,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlock
     const bool has_newest = s0 + n == len;
     const int cached = has_newest ? n - 1 : n;  // rows taken from the registers
     uint4 k_raw[kStage][kChunks], v_raw[kStage][kChunks];
-    load_stage(k_raw, k_cache, s0, n, 0);
-    load_stage(v_raw, v_cache, s0, n, 0);
+    load_stage(k_raw, k_cache, s0, cached, 0);
+    load_stage(v_raw, v_cache, s0, cached, 0);
     if (split == first) {  // after the loads above, so q travels with them
       if (settled) pdl_wait();
       constexpr int kQPerThread = (G * D + kDecodeThreads - 1) / kDecodeThreads;
@@ -305,7 +315,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlock
     // Scores: every lane of a warp runs every pass (the shuffles need them all).
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      if (st > 0) load_stage(k_raw, k_cache, s0, n, st);
+      if (st > 0) load_stage(k_raw, k_cache, s0, cached, st);
 #pragma unroll
       for (int p = 0; p < kStage; ++p) {
         const int j = row_of(st, p);
@@ -362,7 +372,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeTile<T, D, G>::kMinBlock
     float acc[G][kChunks][kVec] = {};
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      if (st > 0) load_stage(v_raw, v_cache, s0, n, st);
+      if (st > 0) load_stage(v_raw, v_cache, s0, cached, st);
 #pragma unroll
       for (int p = 0; p < kStage; ++p) {
         const int j = row_of(st, p);
