@@ -52,12 +52,6 @@ std::vector<Slot> slots(const ResNetLayout& layout) {
   return out;
 }
 
-int64_t stat_count(const ResNetLayout& layout) {
-  int64_t n = 0;
-  for (const auto& c : layout.convs) n += c.out;
-  return n;
-}
-
 std::vector<float> permute(const float* w, int out, int in, int k, bool to_oihw) {
   std::vector<float> r(size_t(out) * in * k * k);
   for (int o = 0; o < out; ++o)
@@ -209,7 +203,7 @@ std::vector<float> read_params_as(const core::SafetensorsFile& f, const ResNetLa
 ModelState read_model(const core::SafetensorsFile& f, const ResNetLayout& layout, const std::string& prefix) {
   ModelState m;
   m.params = read_params_as(f, layout, prefix, Values::finite);
-  m.running_mean.resize(size_t(stat_count(layout)));
+  m.running_mean.resize(size_t(resnet_stat_count(layout)));
   m.running_var.resize(m.running_mean.size());
   for (const Slot& s : slots(layout)) {
     if (s.kind == Slot::tracked)  // the same in every BN; absent in some exports

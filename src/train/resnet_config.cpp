@@ -73,6 +73,12 @@ int64_t resnet_param_count(const ResNetLayout& layout) {
   return n;
 }
 
+int64_t resnet_stat_count(const ResNetLayout& layout) {
+  int64_t n = 0;
+  for (const auto& c : layout.convs) n += c.out;
+  return n;
+}
+
 std::vector<int> resnet_backward_order(const ResNetLayout& layout) {
   const int fc = 3 * int(layout.convs.size());
   std::vector<int> order = {fc, fc + 1};

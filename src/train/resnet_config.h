@@ -47,6 +47,8 @@ struct ParamSpec {
 };
 std::vector<ParamSpec> resnet_params(const ResNetLayout& layout);
 int64_t resnet_param_count(const ResNetLayout& layout);
+// Channels of every BatchNorm together: the length of the packed running mean and variance.
+int64_t resnet_stat_count(const ResNetLayout& layout);
 
 // The order in which ResNet::backward finishes each parameter's gradient (indices into
 // resnet_params): fc weight and bias, then block by block from the last, each block's convs from

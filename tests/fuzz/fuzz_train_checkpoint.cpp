@@ -27,16 +27,11 @@ const train::ResNetLayout& layout() {
   return l;
 }
 
-int64_t stat_count() {
-  int64_t n = 0;
-  for (const auto& c : layout().convs) n += c.out;
-  return n;
-}
-
 // A state with every part a checkpoint can hold: two moments (LAMB) and a loss scaler.
 train::TrainState full_state() {
   train::TrainState st;
-  const size_t params = size_t(train::resnet_param_count(layout())), stats = size_t(stat_count());
+  const size_t params = size_t(train::resnet_param_count(layout()));
+  const size_t stats = size_t(train::resnet_stat_count(layout()));
   for (size_t i = 0; i < params; ++i) st.model.params.push_back(std::sin(float(i)));
   st.model.running_mean.assign(stats, 0.25f);
   st.model.running_var.assign(stats, 1.5f);
@@ -49,16 +44,16 @@ train::TrainState full_state() {
   return st;
 }
 
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-std::string header_of(const fs::path& file) {
-  const std::string bytes = read_all(file);
+// A safetensors file split into its JSON header and its data section.
+struct Parts {
+  std::string header, data;
+};
+Parts parts_of(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);  // little-endian, as on every machine this runs on
-  return bytes.substr(8, n);
+  return {bytes.substr(8, n), bytes.substr(8 + n)};
 }
 
 // The data section that every input's header points into: the full state's, whose tensors come
@@ -67,15 +62,24 @@ const std::string& data_section() {
   static const std::string data = [] {
     const fs::path dir = fuzz::scratch_dir() / "full";
     train::write_checkpoint(dir, layout(), full_state());
-    const std::string bytes = read_all(train::checkpoint_file(dir));
-    return bytes.substr(8 + header_of(train::checkpoint_file(dir)).size());
+    return parts_of(train::checkpoint_file(dir)).data;
   }();
   return data;
 }
 
+const fs::path& input_dir() {
+  static const fs::path dir = [] {
+    const fs::path d = fuzz::scratch_dir() / "input";
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
 void check_model(const train::ModelState& m) {
   fuzz::check(int64_t(m.params.size()) == train::resnet_param_count(layout()), "every parameter is read");
-  fuzz::check(int64_t(m.running_mean.size()) == stat_count() && m.running_var.size() == m.running_mean.size(),
+  fuzz::check(int64_t(m.running_mean.size()) == train::resnet_stat_count(layout()) &&
+                  m.running_var.size() == m.running_mean.size(),
               "every running statistic is read");
   for (float v : m.params) fuzz::check(std::isfinite(v), "parameters are finite");
   for (float v : m.running_mean) fuzz::check(std::isfinite(v), "running means are finite");
@@ -92,20 +96,19 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   fs::create_directories(out);
   train::TrainState st = full_state();
   train::write_checkpoint(dir, layout(), st);
-  fuzz::write_bytes(out / "lamb_fp16", header_of(train::checkpoint_file(dir)));
+  fuzz::write_bytes(out / "lamb_fp16", parts_of(train::checkpoint_file(dir)).header);
   st.moments.pop_back();
   st.scaler.reset();
   train::write_checkpoint(dir, layout(), st);
-  fuzz::write_bytes(out / "sgd_fp32", header_of(train::checkpoint_file(dir)));
+  fuzz::write_bytes(out / "sgd_fp32", parts_of(train::checkpoint_file(dir)).header);
   train::write_torchvision(dir / "export.safetensors", layout(), st.model);
-  fuzz::write_bytes(out / "torchvision_export", header_of(dir / "export.safetensors"));
+  fuzz::write_bytes(out / "torchvision_export", parts_of(dir / "export.safetensors").header);
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const fs::path dir = fuzz::scratch_dir() / "input", file = train::checkpoint_file(dir);
-  static const bool made = fs::create_directories(dir);
-  (void)made;
+  const fs::path& dir = input_dir();
+  const fs::path file = train::checkpoint_file(dir);
   std::string bytes(8, '\0');
   const uint64_t header_bytes = size;
   std::memcpy(bytes.data(), &header_bytes, 8);

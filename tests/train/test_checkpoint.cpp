@@ -35,10 +35,9 @@ ModelState random_model(const ResNetLayout& layout, uint32_t seed) {
   std::mt19937 gen(seed);
   ModelState m;
   m.params = random_floats(size_t(resnet_param_count(layout)), gen);
-  int64_t stats = 0;
-  for (const auto& c : layout.convs) stats += c.out;
-  m.running_mean = random_floats(size_t(stats), gen);
-  m.running_var = random_floats(size_t(stats), gen);
+  const size_t stats = size_t(resnet_stat_count(layout));
+  m.running_mean = random_floats(stats, gen);
+  m.running_var = random_floats(stats, gen);
   for (float& v : m.running_var) v = std::abs(v);  // a variance
   m.batches_tracked = 1234567;
   return m;
