@@ -5,7 +5,7 @@
 #   scripts/compute_sanitizer.sh [--build DIR] [--tools "memcheck racecheck initcheck synccheck"]
 #                                [--only TEST_REGEX] [--exclude TEST_REGEX] [--jobs N]
 #                                [--timeout S] [--deadline S] [--shortest-first RESULTS_DIR]
-#                                [--leak-check] [--library-kernels]
+#                                [--left RESULTS_DIR] [--leak-check] [--library-kernels]
 # Each test runs alone (`exe --gtest_filter=Suite.Name`), so a slow test costs only its own run and
 # a timeout names the test. Runs are spread round-robin over the GPUs (those CUDA_VISIBLE_DEVICES
 # lists, else all), each run seeing one; a test that skips there (it needs several GPUs) runs
@@ -22,6 +22,9 @@
 # --shortest-first DIR (with a deadline, more runs finish): runs start in the order of their last
 # recorded seconds in DIR's *sanitizer*.txt summaries (bench/results), the same tool's else
 # memcheck's, 120 s when neither ran; ties keep ctest's order.
+# --left DIR runs only the (test, tool) pairs without a clean run on record in DIR's summaries
+# (scripts/sanitizer_coverage.py's rule), so a device session spends its time on what is left.
+# Both may be given more than once (bench/results and the session's own earlier summaries).
 # Runs share each GPU: the engine tests size their KV pools from free memory, so keep --jobs at
 # about 2 per GPU (session 7: 6 runs on one GPU failed 45 tests with out-of-memory).
 # synccheck leaves the libraries' kernels (NCCL, cuDNN, cuBLAS, nvJPEG) out unless
@@ -39,7 +42,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build-device tools="memcheck racecheck initcheck synccheck" only="" exclude="" jobs=4 timeout_s=600 leak_check=0
-library_kernels=0 deadline=0 shortest_first=""
+library_kernels=0 deadline=0 shortest_first="" left=""
 while (($#)); do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -49,7 +52,8 @@ while (($#)); do
     --jobs) jobs=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --deadline) deadline=$2; shift 2 ;;
-    --shortest-first) shortest_first=$2; shift 2 ;;
+    --shortest-first) shortest_first+=${shortest_first:+:}$2; shift 2 ;;  # ':'-joined when repeated
+    --left) left+=${left:+:}$2; shift 2 ;;
     --leak-check) leak_check=1; shift ;;  # memcheck also reports device memory never freed
     --library-kernels) library_kernels=1; shift ;;
     *) echo "compute_sanitizer.sh: unknown argument $1" >&2; exit 2 ;;
@@ -68,23 +72,29 @@ device_list=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((gpus > 0 ? gpus - 1 : 0)))}
 runs=$out/runs.txt
 ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
 import json, re, sys
-only, exclude, tools, order_by = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4]
+sys.path.insert(0, "scripts")
+from sanitizer_coverage import clean_runs, last_seconds
+only, exclude, tools = sys.argv[1], sys.argv[2], sys.argv[3].split()
+order_by, left = (sys.argv[i].split(":") if sys.argv[i] else [] for i in (4, 5))
+clean = clean_runs(left) if left else set()
 runs = []
 for t in json.load(sys.stdin)["tests"]:
     cmd = t.get("command") or []
     name = next((a.split("=", 1)[1] for a in cmd if a.startswith("--gtest_filter=")), None)
     if not name or (only and not re.search(only, name)) or (exclude and re.search(exclude, name)):
         continue
-    runs += [(cmd[0], name, tool) for tool in tools]
+    runs += [(cmd[0], name, tool) for tool in tools if (name, tool) not in clean]
 if order_by:
-    sys.path.insert(0, "scripts")
-    from sanitizer_coverage import last_seconds
     seconds = last_seconds(order_by)
     runs.sort(key=lambda r: seconds.get((r[1], r[2]), seconds.get((r[1], "memcheck"), 120)))
 for run in runs:
     print(*run)
-' "$only" "$exclude" "$tools" "$shortest_first" > "$runs"
-(($(wc -l < "$runs"))) || { echo "compute_sanitizer.sh: no gpu tests selected in $build" >&2; exit 1; }
+' "$only" "$exclude" "$tools" "$shortest_first" "$left" > "$runs"
+if ! (($(wc -l < "$runs"))); then
+  [[ -n $left ]] && { echo "compute_sanitizer.sh: every selected (test, tool) pair has a clean run on record"; exit 0; }
+  echo "compute_sanitizer.sh: no gpu tests selected in $build" >&2
+  exit 1
+fi
 
 # Who ran each report printed in log $1: the first host frame outside the CUDA driver and
 # runtime is in a library (cuDNN, cuBLAS, nvJPEG, NCCL) or in our code. Prints "" when nothing

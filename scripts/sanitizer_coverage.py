@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Which (gpu test, compute-sanitizer tool) pairs have a clean run on record, and which do not.
 
-    scripts/sanitizer_coverage.py [--build DIR] [--results DIR]          # the table
+    scripts/sanitizer_coverage.py [--build DIR] [--results DIR ...]      # the table
     scripts/sanitizer_coverage.py --left racecheck                        # an --only regex
 
 The tests are those `ctest -L gpu` lists in the build (--build, default build). The record is
-every `*sanitizer*.txt` in bench/results (--results): the summary tables
+every `*sanitizer*.txt` in bench/results (--results, which may be given more than once, as for a
+device session's own summaries beside the committed ones): the summary tables
 scripts/compute_sanitizer.sh prints, one line per run: test, tool, exit status, seconds, errors.
 A run counts as clean only when it exited 0, reported no error and did not skip. Files named
 `*kernel-filter*` come from runs that checked only some kernels, and never count.
@@ -36,9 +37,11 @@ def gpu_tests(build):
 
 
 def records(results):
-    """Each run line of the summaries as (fields, line): test, tool, exit, seconds, errors; files in
-    name order, so a later session's line comes after an earlier one's."""
-    for path in sorted(glob.glob(os.path.join(results, "*sanitizer*.txt"))):
+    """Each run line of the summaries in `results` (a folder or a list of them) as (fields, line):
+    test, tool, exit, seconds, errors; folders in the order given, each one's files in name order,
+    so a later session's line comes after an earlier one's."""
+    folders = [results] if isinstance(results, str) else results
+    for path in (p for d in folders for p in sorted(glob.glob(os.path.join(d, "*sanitizer*.txt")))):
         if "kernel-filter" in os.path.basename(path):
             continue
         for line in open(path, encoding="utf-8"):
@@ -60,13 +63,13 @@ def last_seconds(results):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
-    ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "..", "bench", "results"))
+    ap.add_argument("--results", action="append", help="a folder of summaries (default bench/results); repeatable")
     ap.add_argument("--left", choices=TOOLS, help="print a regex of the tests without a clean run of this tool")
     args = ap.parse_args()
     tests = gpu_tests(args.build)
     if not tests:
         sys.exit(f"sanitizer_coverage.py: no gpu tests in {args.build}")
-    clean = clean_runs(args.results)
+    clean = clean_runs(args.results or [os.path.join(os.path.dirname(__file__), "..", "bench", "results")])
     if args.left:
         left = [t for t in tests if (t, args.left) not in clean]
         print("^(" + "|".join(re.escape(t) for t in left) + ")$" if left else "^$")

@@ -215,6 +215,30 @@ class SanitizerScripts(unittest.TestCase):
                                  ("Fake.Clean", "memcheck"), ("Fake.Hangs", "memcheck"), ("Fake.Hangs", "racecheck"),
                                  ("Fake.OneRace", "memcheck"), ("Fake.OneRace", "racecheck")], stdout)
 
+    def test_left_runs_only_the_pairs_without_a_clean_run_on_record(self):
+        # Two folders of records, as bench/results and a device session's own earlier summaries.
+        committed, session = os.path.join(self.dir, "left-committed"), os.path.join(self.dir, "left-session")
+        for folder, lines in ((committed, "Fake.Clean memcheck 0 3 0\n"
+                                          "Fake.Skips memcheck 0 1 0 (skipped)\n"   # skipped: not clean
+                                          "Fake.OneRace racecheck 99 4 1\n"),      # reported: not clean
+                              (session, "Fake.Clean racecheck 0 9 0\n"
+                                        "Fake.OneRace memcheck 124 60 0 printed (timed out)\n")):
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "s-sanitizer.txt"), "w", encoding="utf-8") as f:
+                f.write("test tool exit sec errors\n" + lines)
+        _status, stdout, _logs, rows = self.run_script("left", "--tools", "memcheck racecheck", "--jobs", "2",
+                                                       "--timeout", "2", "--left", committed, "--left", session,
+                                                       "--only", r"^Fake\.(Clean|OneRace|Skips)$")
+        self.assertEqual(set(rows), {("Fake.OneRace", "memcheck"), ("Fake.OneRace", "racecheck"),
+                                     ("Fake.Skips", "memcheck"), ("Fake.Skips", "racecheck")}, stdout)
+        # Nothing left to run is not an error.
+        done = subprocess.run([COMPUTE_SANITIZER, "--build", self.build, "--tools", "memcheck racecheck",
+                               "--left", committed, "--left", session, "--only", r"^Fake\.Clean$"],
+                              env=dict(self.env, OUT=os.path.join(self.dir, "left-none")), capture_output=True,
+                              text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertIn("every selected (test, tool) pair has a clean run on record", done.stdout)
+
     def coverage(self, *args, results=None):
         return subprocess.run(["python3", COVERAGE, "--build", self.build, "--results", results or self.logs, *args],
                               env=self.env, capture_output=True, text=True, check=True).stdout
@@ -236,6 +260,13 @@ class SanitizerScripts(unittest.TestCase):
                                   "racecheck": (n - 3, 3)}, table)
         left = self.coverage("--left", "racecheck", results=results).strip()
         self.assertEqual(left, r"^(Fake\.OneRace|Fake\.Skips|Fake\.ChildKilled)$")
+        # A second folder's clean run counts beside the first's.
+        later = os.path.join(self.dir, "results-later")
+        os.makedirs(later, exist_ok=True)
+        with open(os.path.join(later, "later-sanitizer.txt"), "w", encoding="utf-8") as f:
+            f.write("Fake.ChildKilled racecheck 0 30 0\n")
+        left = self.coverage("--left", "racecheck", "--results", later, results=results).strip()
+        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.Skips)$")
 
 
 if __name__ == "__main__":
