@@ -1,6 +1,8 @@
 #include "llm/nfc.h"
 
 #include <algorithm>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "llm/tokenizer_text.h"
@@ -48,6 +50,25 @@ uint32_t compose(uint32_t a, uint32_t b) {
   return it != kCompositions.end() && (*it)[0] == a && (*it)[1] == b ? (*it)[2] : 0;
 }
 
+// Canonical ordering: each run of non-starters (class > 0) sorted stably by class, `cls` beside
+// `d`. A stable sort per run costs n log n for n marks; an insertion sort, as before, took 15.6 s
+// for a run of 160,000 marks of alternating classes (320 KB: a prompt well under serve's body
+// limit).
+void canonical_order(std::vector<uint32_t>& d, std::vector<uint32_t>& cls) {
+  std::vector<std::pair<uint32_t, uint32_t>> run;  // {class, code point}
+  for (size_t begin = 0; begin < d.size();) {
+    size_t end = begin;
+    while (end < d.size() && cls[end] != 0) ++end;
+    if (end - begin > 1) {
+      run.clear();
+      for (size_t i = begin; i < end; ++i) run.emplace_back(cls[i], d[i]);
+      std::stable_sort(run.begin(), run.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (size_t i = begin; i < end; ++i) std::tie(cls[i], d[i]) = run[i - begin];
+    }
+    begin = end == begin ? end + 1 : end;
+  }
+}
+
 // NFC of a run of code points: decompose, order marks by class, compose (UAX #15's sample).
 void nfc_run(std::vector<uint32_t>& cps, std::string& out) {
   std::vector<uint32_t> d;
@@ -55,11 +76,7 @@ void nfc_run(std::vector<uint32_t>& cps, std::string& out) {
   for (uint32_t cp : cps) decompose(cp, d);
   std::vector<uint32_t> cls(d.size());
   for (size_t i = 0; i < d.size(); ++i) cls[i] = combining_class(d[i]);
-  for (size_t i = 1; i < d.size(); ++i)  // stable insertion sort within each run of non-starters
-    for (size_t j = i; j > 0 && cls[j] != 0 && cls[j - 1] > cls[j]; --j) {
-      std::swap(d[j], d[j - 1]);
-      std::swap(cls[j], cls[j - 1]);
-    }
+  canonical_order(d, cls);
   if (!d.empty()) {
     size_t starter = 0, kept = 1;
     uint32_t last_class = cls[0] ? 256 : 0;

@@ -1,9 +1,13 @@
 // Arbitrary bytes (invalid UTF-8 included) through both fixture tokenizers (byte-level BPE and
-// SentencePiece-style): encode never throws, ids are in the vocabulary, decode gives valid UTF-8,
-// and streaming detokenization concatenates to decode().
+// SentencePiece-style) and the byte-level one with an NFC normalizer (as Qwen2's tokenizer.json
+// has): encode never throws, ids are in the vocabulary, decode gives valid UTF-8, and streaming
+// detokenization concatenates to decode(). NFC itself is idempotent.
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "fuzz/fuzz_util.h"
+#include "llm/nfc.h"
 #include "llm/tokenizer.h"
 
 using namespace gpulab;
@@ -29,13 +33,24 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// The byte-level fixture with {"normalizer": {"type": "NFC"}}, written to the scratch folder.
+llm::Tokenizer bytelevel_with_nfc() {
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(std::string(GPULAB_TEST_DATA) + "/tokenizer_bytelevel/tokenizer.json"));
+  j["normalizer"] = {{"type", "NFC"}};
+  const auto path = fuzz::scratch_dir() / "tokenizer_nfc.json";
+  fuzz::write_bytes(path, j.dump());
+  return llm::Tokenizer::from_file(path);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const llm::Tokenizer tokenizers[] = {
       llm::Tokenizer::from_file(std::string(GPULAB_TEST_DATA) + "/tokenizer_bytelevel"),
-      llm::Tokenizer::from_file(std::string(GPULAB_TEST_DATA) + "/tokenizer_spm")};
+      llm::Tokenizer::from_file(std::string(GPULAB_TEST_DATA) + "/tokenizer_spm"), bytelevel_with_nfc()};
   const std::string_view text = fuzz::as_text(data, size);
+  const std::string normalized = llm::detail::nfc(text);
+  fuzz::check(llm::detail::nfc(normalized) == normalized, "NFC is idempotent");
   for (const auto& tok : tokenizers) {
     const std::vector<int32_t> ids = tok.encode(text, size % 2 == 0);
     for (int32_t id : ids) fuzz::check(id >= 0 && id < tok.vocab_size(), "encoded ids are in the vocabulary");
