@@ -4,8 +4,9 @@
 // fuzz_safetensors already covers. Whatever loads has the layout's sizes and values a run can
 // use: finite, variances non-negative, counts non-negative, a positive loss scale.
 //
-// The seeds in corpus/train_checkpoint/ are the headers of such checkpoints. When the format
-// changes, remake them: GPULAB_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/train_checkpoint fuzz_train_checkpoint -runs=0
+// The seeds in corpus/train_checkpoint/ are the headers of such checkpoints, and of the LAMB one
+// edited so that each value check refuses something (bad_values_seeds). When the format changes,
+// remake them: GPULAB_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/train_checkpoint fuzz_train_checkpoint -runs=0
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,10 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "fuzz/fuzz_util.h"
 #include "train/checkpoint.h"
@@ -87,6 +92,61 @@ void check_model(const train::ModelState& m) {
   fuzz::check(m.batches_tracked >= 0, "the batch count is not negative");
 }
 
+// The header of a full checkpoint edited so that its tensors point at values the reader must
+// refuse, one kind each: the fuzzer cannot reach these checks by flipping bytes of a valid header
+// (scripts/fuzz_coverage.sh showed them unreached). Offsets are swapped, never shared, which the
+// safetensors reader would refuse first.
+std::vector<std::pair<std::string, std::string>> bad_values_seeds(const std::string& header) {
+  using nlohmann::json;
+  const json base = json::parse(header);
+  const auto swap = [](json& h, const std::string& a, const std::string& b) {
+    std::swap(h[a]["data_offsets"], h[b]["data_offsets"]);
+  };
+  std::vector<std::pair<std::string, std::string>> seeds;
+  json h = base;  // every running variance reads its layer's bias (sin values, some negative)
+  for (const auto& [name, _] : base.items())
+    if (name.ends_with(".running_var")) swap(h, name, name.substr(0, name.size() - 11) + "bias");
+  seeds.emplace_back("variances_from_biases", h.dump());
+  h = base;  // the loss scale as bf16: the low half of 1024.0f, which is 0
+  h["scaler.scale"]["dtype"] = "BF16";
+  h["scaler.scale"]["data_offsets"][1] = h["scaler.scale"]["data_offsets"][0].get<uint64_t>() + 2;
+  seeds.emplace_back("scale_reads_zero", h.dump());
+  // A batch count reads a two-channel bias whose second value is negative: a negative int64.
+  for (const auto& [name, t] : base.items()) {
+    const auto offsets = t.is_object() ? t.value("data_offsets", json::array()) : json::array();
+    if (!name.ends_with(".bias") || offsets.size() != 2 || offsets[1].get<uint64_t>() - offsets[0].get<uint64_t>() != 8)
+      continue;
+    float second;
+    std::memcpy(&second, data_section().data() + offsets[0].get<uint64_t>() + 4, 4);
+    if (second >= 0) continue;
+    h = base;
+    swap(h, name, name.substr(0, name.size() - 4) + "num_batches_tracked");
+    seeds.emplace_back("negative_batch_count", h.dump());
+    break;
+  }
+  h = base;  // weights stored as fp16 and bf16, in the first half of their fp32 spans
+  for (const auto& [name, dtype] : {std::pair{"bn1.weight", "F16"}, std::pair{"layer1.0.bn1.weight", "BF16"}}) {
+    json& t = h[name];
+    const uint64_t begin = t["data_offsets"][0], end = t["data_offsets"][1];
+    t["dtype"] = dtype;
+    t["data_offsets"][1] = begin + (end - begin) / 2;
+  }
+  seeds.emplace_back("half_precision_weights", h.dump());
+  h = base;  // the right bytes in the wrong shape
+  h["bn1.weight"]["shape"] = {1, h["bn1.weight"]["shape"][0]};
+  seeds.emplace_back("wrong_shape", h.dump());
+  h = base;  // float bytes as integers
+  h["bn1.running_mean"]["dtype"] = "I32";
+  seeds.emplace_back("floats_as_integers", h.dump());
+  h = base;
+  h.erase("optimizer.steps");
+  seeds.emplace_back("no_optimizer_steps", h.dump());
+  h = base;
+  h["scaler.growth_tracker"]["dtype"] = "F32";
+  seeds.emplace_back("counter_as_float", h.dump());
+  return seeds;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -96,7 +156,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   fs::create_directories(out);
   train::TrainState st = full_state();
   train::write_checkpoint(dir, layout(), st);
-  fuzz::write_bytes(out / "lamb_fp16", parts_of(train::checkpoint_file(dir)).header);
+  const std::string lamb = parts_of(train::checkpoint_file(dir)).header;
+  fuzz::write_bytes(out / "lamb_fp16", lamb);
+  for (const auto& [name, header] : bad_values_seeds(lamb)) fuzz::write_bytes(out / name, header);
   st.moments.pop_back();
   st.scaler.reset();
   train::write_checkpoint(dir, layout(), st);
