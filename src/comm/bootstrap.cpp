@@ -137,6 +137,11 @@ struct Hello {
   uint32_t magic, rank, world;
 };
 
+// A rank sends its hello as soon as it connects. A connection silent for longer (something else
+// that found the port open) is dropped, so that it cannot hold up the ranks queued behind it
+// until the rendezvous times out: rank 0 reads one connection at a time.
+constexpr auto kHelloTimeout = std::chrono::seconds(5);
+
 Hello to_wire(Hello h) { return {htonl(h.magic), htonl(h.rank), htonl(h.world)}; }
 Hello from_wire(Hello h) { return {ntohl(h.magic), ntohl(h.rank), ntohl(h.world)}; }
 
@@ -197,7 +202,8 @@ UniqueId serve_id(const JobEnv& job, std::chrono::milliseconds timeout, const st
     Fd peer(::accept4(server.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (peer.get() < 0) continue;  // the peer gave up between poll and accept
     Hello h{};
-    if (!recv_all(peer.get(), &h, sizeof h, deadline)) continue;  // a connection that said nothing
+    const Deadline hello_deadline{std::min(deadline.end, Clock::now() + kHelloTimeout)};
+    if (!recv_all(peer.get(), &h, sizeof h, hello_deadline)) continue;  // a connection that said nothing
     h = from_wire(h);
     if (h.magic != kMagic) continue;  // not one of ours (a port scanner, another program)
     const Reply reply = int(h.world) != job.world ? kWorldMismatch

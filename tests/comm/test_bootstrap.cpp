@@ -268,6 +268,30 @@ TEST(Rendezvous, PortInUseIsAnInputError) {
   EXPECT_THROW(rendezvous(bad, 1s, [] { return UniqueId{}; }), core::InputError);
 }
 
+// Something else that connects to rank 0's port first and says nothing is dropped after the
+// hello timeout (5 s): the rank queued behind it still gets the id, well before the rendezvous's.
+TEST(Rendezvous, ASilentConnectionDoesNotHoldUpTheRanks) {
+  const int port = free_tcp_port();
+  const UniqueId id = random_id(11);
+  UniqueId got{};
+  const auto start = std::chrono::steady_clock::now();
+  std::thread zero([&] { got = rendezvous(loopback(0, 2, port), 60s, [&] { return id; }); });
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  for (int tries = 0; ::connect(silent, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && tries < 100; ++tries)
+    std::this_thread::sleep_for(20ms);  // until rank 0 listens
+  std::this_thread::sleep_for(100ms);  // rank 0 now waits on the silent connection
+  EXPECT_EQ(rendezvous(loopback(1, 2, port), 60s, [] { return UniqueId{}; }), id);
+  zero.join();
+  ::close(silent);
+  EXPECT_EQ(got, id);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+}
+
 TEST(Rendezvous, DisagreeingWorldSizesFailOnBothSides) {
   const int port = free_tcp_port();
   std::string client;
