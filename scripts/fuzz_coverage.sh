@@ -51,7 +51,7 @@ objects=() files=()
 for t in "${targets[@]}"; do
   corpora=("tests/fuzz/corpus/$t")
   for d in "$@"; do [[ -d $d/$t ]] && corpora+=("$d/$t"); done
-  # -runs=0: every input once, nothing new generated; %m keeps one profile per binary.
+  # -runs=0: every input once, nothing new generated; one profile per target.
   LLVM_PROFILE_FILE="$profiles/$t.profraw" "$build/tests/fuzz/fuzz_$t" -runs=0 "${corpora[@]}" \
     >"$profiles/$t.log" 2>&1 || { echo "fuzz_coverage.sh: fuzz_$t failed on its corpus:" >&2; tail -20 "$profiles/$t.log" >&2; exit 1; }
   printf '%-18s %6d inputs\n' "$t" "$(find "${corpora[@]}" -type f | wc -l)"

@@ -51,7 +51,7 @@ uint32_t compose(uint32_t a, uint32_t b) {
 }
 
 // Canonical ordering: each run of non-starters (class > 0) sorted stably by class, `cls` beside
-// `d`. A stable sort per run costs n log n for n marks; an insertion sort, as before, took 15.6 s
+// `d`. A stable sort per run costs n log n for n marks; the insertion sort used before took 15.6 s
 // for a run of 160,000 marks of alternating classes (320 KB: a prompt well under serve's body
 // limit).
 void canonical_order(std::vector<uint32_t>& d, std::vector<uint32_t>& cls) {
