@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -496,8 +497,12 @@ void Analyzer::rule_symptoms() {
     int64_t lost = 0, flagged = 0;
     json ranges = json::array();
     double min_busy = 100;
+    // Chunk c starts at length * c / chunks, computed without the product: a trace's times may
+    // reach 2^62 ns, and length * c would overflow.
+    const int64_t length = span_.length(), whole = length / chunks, rest = length % chunks;
+    const auto boundary = [&](int c) { return span_.start + whole * c + rest * c / chunks; };
     for (int c = 0; c < chunks; ++c) {
-      const Interval w{span_.start + span_.length() * c / chunks, span_.start + span_.length() * (c + 1) / chunks};
+      const Interval w{boundary(c), boundary(c + 1)};
       if (w.length() <= 0) continue;
       const double busy = 100.0 * double(overlap(busy_, {w})) / double(w.length());
       if (busy >= busy_limit) continue;
@@ -805,6 +810,14 @@ void Thresholds::set(const std::string& key, double value) {
     std::string known;
     for (const auto& [k, v] : values_) known += (known.empty() ? "" : ", ") + k;
     throw core::InputError("unknown threshold '" + key + "'; known: " + known);
+  }
+  // Every threshold is a non-negative amount. The bounds keep the rules' conversions exact (a
+  // microsecond threshold becomes int64 nanoseconds) and their loops short (one per chunk).
+  const double most = key == "low_gpu_utilization.chunks" ? 1e4 : 1e9;
+  if (!(value >= 0 && value <= most)) {
+    std::ostringstream m;
+    m << "threshold " << key << " must be between 0 and " << most << ", not " << value;
+    throw core::InputError(m.str());
   }
   it->second = value;
 }

@@ -395,12 +395,36 @@ TEST(Rules, FindingsAreRankedByTimeLost) {
   EXPECT_TRUE(j["summary"].contains("span_ms"));
 }
 
+// A trace whose times span 73 years (its clock and base time allow up to 2^62 ns): the chunks
+// of low_gpu_utilization lie inside the span. Their boundaries once overflowed int64 (length x
+// chunk index), which fuzz_chrome_trace found (UBSan: crash_chunk_boundary_overflow).
+TEST(Rules, ChunksOfAVeryLongSpanStayInsideIt) {
+  Synthetic s;
+  s.kernel(0, 1, 10);
+  s.kernel(0.5, 2.3e15, 10);  // microseconds; queued at once, so the idle time is unexplained
+  const Report r = analyze(s.t);
+  const Finding* low = find_rule(r, "low_gpu_utilization");
+  ASSERT_NE(low, nullptr) << rules_text(r);
+  const double span_ms = 2.3e12;
+  ASSERT_FALSE(low->evidence["flagged_ranges_ms"].empty());
+  for (const auto& range : low->evidence["flagged_ranges_ms"]) {
+    EXPECT_GE(range[0].get<double>(), 0) << range;
+    EXPECT_LE(range[1].get<double>(), span_ms) << range;
+    EXPECT_LT(range[0].get<double>(), range[1].get<double>()) << range;
+  }
+}
+
 TEST(Thresholds, UnknownKeyOrBadValueIsAnInputError) {
   Thresholds th;
   EXPECT_THROW(th.set_from_text("launch_bound.nope=3"), gpulab::core::InputError);
   EXPECT_THROW(th.set_from_text("launch_bound.min_count"), gpulab::core::InputError);
   EXPECT_THROW(th.set_from_text("launch_bound.min_count=abc"), gpulab::core::InputError);
   EXPECT_THROW(th.set_from_text("launch_bound.min_count=3x"), gpulab::core::InputError);
+  // Out of range: negative, or so large that the rules' integer conversions or loops would break.
+  EXPECT_THROW(th.set_from_text("launch_bound.short_us=-1"), gpulab::core::InputError);
+  EXPECT_THROW(th.set_from_text("host_starved.min_host_us=1e300"), gpulab::core::InputError);
+  EXPECT_THROW(th.set_from_text("low_gpu_utilization.chunks=1e30"), gpulab::core::InputError);
+  EXPECT_THROW(th.set_from_text("low_gpu_utilization.chunks=20000"), gpulab::core::InputError);
   th.set_from_text("gpu_idle_gaps.min_ms=250");
   EXPECT_EQ(th.get("gpu_idle_gaps.min_ms"), 250.0);
   for (const auto& id : rule_ids()) {
