@@ -42,7 +42,7 @@ class Notes {
     auto [it, inserted] = entries_.try_emplace(problem);
     if (inserted) {
       order_.push_back(problem);
-      it->second.first = "event " + std::to_string(index) + (name.empty() ? "" : " \"" + name.substr(0, 80) + "\"");
+      it->second.first = "event " + std::to_string(index) + (name.empty() ? "" : " \"" + utf8_prefix(name, 80) + "\"");
     }
     ++it->second.count;
   }

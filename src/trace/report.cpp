@@ -146,7 +146,7 @@ void print_report(std::ostream& out, const Report& report) {
     for (const json& k : *top)
       out << "    " << fixed(k.value("percent_of_kernel_time", 0.0), 1) << "%  " << fixed(k.value("total_ms", 0.0), 3)
           << " ms  " << k.value("count", int64_t(0)) << " x " << fixed(k.value("mean_us", 0.0), 1) << " us  "
-          << k.value("name", std::string()).substr(0, 100) << "\n";
+          << utf8_prefix(k.value("name", std::string()), 100) << "\n";
   }
   if (report.findings.empty()) {
     out << "\nNo findings: the GPU was kept busy.\n";

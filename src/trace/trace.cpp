@@ -41,6 +41,13 @@ std::optional<CopyKind> parse_copy_kind(std::string_view name) {
 }
 std::optional<UmKind> parse_um_kind(std::string_view name) { return parse_name<UmKind>(kUmKindNames, name); }
 
+std::string utf8_prefix(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // a continuation byte
+  return std::string(text.substr(0, cut));
+}
+
 double DeviceInfo::pcie_gbps() const {
   // Per-lane one-direction GB/s after line encoding (8b/10b up to gen 2, 128b/130b from gen 3).
   constexpr std::array<double, 7> kLaneGbps = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.877};

@@ -30,6 +30,10 @@ std::string_view copy_kind_name(CopyKind k);      // "HtoD", "DtoH", ...
 std::optional<MemoryKind> parse_memory_kind(std::string_view name);
 std::optional<CopyKind> parse_copy_kind(std::string_view name);
 
+// The longest prefix of UTF-8 `text` of at most `max_bytes` that ends on a character boundary:
+// names shortened for notes and tables stay valid UTF-8 (a JSON report refuses anything else).
+std::string utf8_prefix(std::string_view text, size_t max_bytes);
+
 // Common fields of anything that ran on a GPU engine.
 struct GpuActivity {
   int64_t start_ns = 0;

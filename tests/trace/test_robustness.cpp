@@ -5,10 +5,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "trace/chrome_trace.h"
+#include "trace/report.h"
+#include "trace/rules.h"
 
 using namespace gpulab::trace;
 namespace fs = std::filesystem;
@@ -73,4 +76,26 @@ TEST(TraceRobustness, NumberBeyondDoubleInAFileIsInvalidJson) {
     EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
   }
   fs::remove(path);
+}
+
+// A name cut short for a note or a table ends on a character boundary. The note quoting an odd
+// memcpy's name cut a two-byte character in half, and the JSON report then threw
+// (fuzz_chrome_trace: crash_name_cut_mid_character; `gpulab diagnose --json` ended with an
+// internal error). The text report's kernel table cut names the same way.
+TEST(TraceRobustness, NamesCutShortStayValidUtf8) {
+  const std::string name = std::string(79, 'x') + "\u0479 tail";  // a two-byte character at bytes 79 and 80
+  const std::string text = R"([{"ph": "X", "cat": "gpu_memcpy", "name": ")" + name +
+                           R"(", "ts": 0, "dur": 2, "args": {"bytes": 64, "device": 0}},
+      {"ph": "X", "cat": "kernel", "name": "y)" + name + "y" + name +
+                           R"(", "ts": 3, "dur": 2, "args": {"device": 0}}])";
+  const Trace t = parse_chrome_trace(nlohmann::json::parse(text), "t.json");
+  const Report report = analyze(t);
+  ASSERT_FALSE(report.summary["notes"].empty());
+  EXPECT_NO_THROW((void)report_json(report).dump());  // throws on a string that is not UTF-8
+  std::ostringstream out;
+  print_report(out, report);
+  EXPECT_NO_THROW((void)nlohmann::json(out.str()).dump()) << out.str();
+  EXPECT_EQ(utf8_prefix("ab\u0479", 3), "ab");
+  EXPECT_EQ(utf8_prefix("ab\u0479", 4), "ab\u0479");
+  EXPECT_EQ(utf8_prefix("\U0001F600", 3), "");
 }
