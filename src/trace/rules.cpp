@@ -15,12 +15,21 @@ using nlohmann::json;
 
 namespace {
 
-// key, default. Documented in docs/diagnose.md; keep both in step.
-const std::map<std::string, double> kDefaults = {
+// A threshold's default and the most it may be set to. Every threshold is a non-negative amount;
+// the bounds keep the rules' conversions exact (a microsecond threshold becomes int64 nanoseconds)
+// and their loops short (one per chunk).
+struct ThresholdSpec {
+  // Implicit, so that a table row reads {key, default}.
+  ThresholdSpec(double value, double most = 1e9) : value(value), most(most) {}
+  double value, most;
+};
+
+// key, default (, most). Documented in docs/diagnose.md; keep both in step.
+const std::map<std::string, ThresholdSpec> kDefaults = {
     {"report.min_share", 0.01},        // drop findings losing less than this share of the span
     {"severity.high", 0.20},           // time lost / span at or above: high
     {"severity.medium", 0.05},         // ... medium; below: low
-    {"low_gpu_utilization.chunks", 30},
+    {"low_gpu_utilization.chunks", {30, 1e4}},
     {"low_gpu_utilization.busy_percent", 50},
     {"gpu_idle_gaps.min_ms", 500},
     {"launch_bound.short_us", 20},     // a kernel/copy shorter than this is "short"
@@ -796,7 +805,9 @@ std::string_view severity_name(Severity s) {
   }
 }
 
-Thresholds::Thresholds() : values_(kDefaults) {}
+Thresholds::Thresholds() {
+  for (const auto& [key, spec] : kDefaults) values_[key] = spec.value;
+}
 
 double Thresholds::get(const std::string& key) const {
   const auto it = values_.find(key);
@@ -811,9 +822,7 @@ void Thresholds::set(const std::string& key, double value) {
     for (const auto& [k, v] : values_) known += (known.empty() ? "" : ", ") + k;
     throw core::InputError("unknown threshold '" + key + "'; known: " + known);
   }
-  // Every threshold is a non-negative amount. The bounds keep the rules' conversions exact (a
-  // microsecond threshold becomes int64 nanoseconds) and their loops short (one per chunk).
-  const double most = key == "low_gpu_utilization.chunks" ? 1e4 : 1e9;
+  const double most = kDefaults.at(key).most;
   if (!(value >= 0 && value <= most)) {
     std::ostringstream m;
     m << "threshold " << key << " must be between 0 and " << most << ", not " << value;
