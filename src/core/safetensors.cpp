@@ -216,11 +216,10 @@ Checkpoint::Checkpoint(const fs::path& path) {
     shards_.push_back(std::make_unique<SafetensorsFile>(file));
     for (const auto& t : shards_.back()->tensors()) entries_.push_back({&t, shards_.back().get()});
   }
+  // Names are unique: each comes from the keys of one JSON object (the index's weight_map, or the
+  // single file's header), so find() can search the sorted entries.
   std::sort(entries_.begin(), entries_.end(),
             [](const Entry& a, const Entry& b) { return a.info->name < b.info->name; });
-  for (size_t i = 1; i < entries_.size(); ++i)
-    if (entries_[i].info->name == entries_[i - 1].info->name)
-      bad_file(path, "tensor '" + entries_[i].info->name + "' appears in more than one shard");
 }
 
 const Checkpoint::Entry* Checkpoint::find(const std::string& name) const {
