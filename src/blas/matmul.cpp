@@ -72,6 +72,7 @@ void Blas::set_autotune(int candidates) { state_->autotune = candidates; }
 Blas::Blas(size_t workspace_bytes) : state_(std::make_unique<State>()) {
   GPULAB_CHECK(cublasLtCreate(&state_->handle));
   state_->workspace = core::DeviceBuffer<std::byte>(workspace_bytes);
+  core::zero_library_workspace_under_initcheck(state_->workspace.get(), state_->workspace.bytes());
 }
 
 Blas::~Blas() {

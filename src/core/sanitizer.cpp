@@ -14,9 +14,23 @@ const std::string& sanitizer_tool() {
   return tool;
 }
 
+namespace {
+
+bool under_initcheck() {
+  static const bool initcheck = sanitizer_tool() == "initcheck";  // read once: matmuls ask every step
+  return initcheck;
+}
+
+}  // namespace
+
 void zero_library_result_under_initcheck(void* result, size_t bytes, cudaStream_t stream) {
-  static const bool initcheck = sanitizer_tool() == "initcheck";  // read once: matmuls call this every step
-  if (initcheck && bytes > 0) GPULAB_CHECK(cudaMemsetAsync(result, 0, bytes, stream));
+  if (under_initcheck() && bytes > 0) GPULAB_CHECK(cudaMemsetAsync(result, 0, bytes, stream));
+}
+
+void zero_library_workspace_under_initcheck(void* workspace, size_t bytes) {
+  if (!under_initcheck() || bytes == 0) return;
+  GPULAB_CHECK(cudaMemset(workspace, 0, bytes));
+  GPULAB_CHECK(cudaDeviceSynchronize());  // the library's streams do not wait for the legacy one
 }
 
 }  // namespace gpulab::core

@@ -19,4 +19,10 @@ const std::string& sanitizer_tool();
 // them written, and what it reports is about our own kernels. Outside initcheck it does nothing.
 void zero_library_result_under_initcheck(void* result, size_t bytes, cudaStream_t stream);
 
+// The libraries also stage partial results in their workspace that way and read them back:
+// cuBLASLt's split-K reduction, cuDNN's NCHW engines (their NHWC result, then transposed). Under
+// initcheck only, this zeroes a newly allocated workspace (and waits for it): written once, it
+// stays written for initcheck. Outside initcheck it does nothing.
+void zero_library_workspace_under_initcheck(void* workspace, size_t bytes);
+
 }  // namespace gpulab::core

@@ -547,6 +547,7 @@ ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net))
     ws = std::max({ws, a, b, c, bn_ws});
   }
   workspace = core::DeviceBuffer<std::byte>(ws);
+  core::zero_library_workspace_under_initcheck(workspace.get(), workspace.bytes());
   d_conv = core::DeviceBuffer<std::byte>(d_conv_bytes);
   // NCHW scratch for the largest layer with a direction in NCHW (each such direction uses all three).
   std::array<size_t, kConvOperands> scratch{};
@@ -721,6 +722,7 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
       w = core::DeviceBuffer<std::byte>(operand_bytes(L, kConvW));
       y = core::DeviceBuffer<std::byte>(operand_bytes(L, kConvY));
       workspace = core::DeviceBuffer<std::byte>(opt.workspace_limit);
+      core::zero_library_workspace_under_initcheck(workspace.get(), workspace.bytes());
       for (auto* b : {&x, &w, &y}) GPULAB_CHECK(cudaMemsetAsync(b->get(), 0, b->bytes(), stream));
     }
     // An NCHW direction pays for its transposes: timed when it competes with NHWC.
