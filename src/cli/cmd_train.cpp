@@ -28,6 +28,7 @@ struct TrainCli {
   std::string conv_layout = "auto";
   double conv_workspace_mb = double(train::TrainOptions{}.conv_workspace_limit >> 20);
   double comm_timeout = 300;
+  int64_t log_every = 0;  // steps between log lines on stdout; 0: the progress bar only
   std::optional<double> stall_timeout;  // else GPULAB_STALL_TIMEOUT or data::kStallTimeout
 };
 
@@ -60,6 +61,8 @@ int run_train(TrainCli& c) {
                   o.precision == "fp16" ? ("  scale " + std::to_string(int64_t(s.loss_scale))).c_str() : "");
     bar->set_suffix(suffix);
     bar->set(uint64_t(s.step + 1));
+    if (c.log_every > 0 && ((s.step + 1) % c.log_every == 0 || s.step + 1 == o.steps))
+      std::cout << "step " << s.step + 1 << "/" << o.steps << "  " << suffix << std::endl;  // flushed: a log shows it now
   });
   bar.reset();
   if (r.rank != 0) return 0;  // one report per job, from rank 0
@@ -163,6 +166,10 @@ void add_train_command(CLI::App& app, Runner& run) {
                   "Seconds without a batch from the input pipeline (a stuck decoder or GPU) before the run ends "
                   "with an error; 0 waits forever (default: GPULAB_STALL_TIMEOUT, else 300)")
       ->check(CLI::Range(0.0, 86400.0));
+  sub->add_option("--log-every", c->log_every,
+                  "Also print a line (step, img/s, loss, lr) every N steps on stdout, for logs: the progress bar "
+                  "shows only on a terminal")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--json", c->json_path, "Write the result (img/s, losses, settings) as JSON");
   auto* ckpt = sub->add_option("--checkpoint", o.checkpoint_dir,
                                "Write DIR/checkpoint.safetensors (weights, optimizer, loss scaler, position), atomically");

@@ -383,6 +383,7 @@ TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
   EXPECT_EQ(run("train --synthetic --gpus 0").exit_code, 2);
   EXPECT_EQ(run("train --synthetic --allreduce-dtype fp8").exit_code, 2);
   EXPECT_EQ(run("train --synthetic --conv-layout nhcw").exit_code, 2);
+  EXPECT_EQ(run("train --synthetic --log-every -1").exit_code, 2);
   const CliRun env = gpulab::testing::run_command("RANK=1 " + std::string(GPULAB_EXE) + " train --synthetic --steps 1");
   EXPECT_EQ(env.exit_code, 2) << env.out;
   EXPECT_NE(env.out.find("RANK is set but WORLD_SIZE is not"), std::string::npos) << env.out;
