@@ -35,8 +35,8 @@
 # engine tests (sessions 8 and 10). initcheck's library reports are read apart instead: NCCL's
 # flags, cuDNN's implicit-GEMM padding and nvJPEG's conversion of a corrupt image (session 10).
 # initcheck does not see bulk (TMA) stores nor the JPEG hardware engine's writes (session 27). So
-# under it the library zeroes what cuBLASLt and cuDNN are about to write (core/sanitizer.h), and
-# nvJPEG runs without its hardware engine (GPULAB_NVJPEG_HARDWARE=0).
+# under it the library zeroes what cuBLASLt and cuDNN are about to write and, once, their
+# workspaces (core/sanitizer.h), and nvJPEG runs without its hardware engine (GPULAB_NVJPEG_HARDWARE=0).
 # Notes: the diagnose tests inject CUPTI into their child programs; compute-sanitizer also hooks
 # the CUDA driver, so test_trace_gpu results are only meaningful for tests that do not trace.
 set -uo pipefail
