@@ -10,6 +10,7 @@
 #include "bench/suite.h"
 #include "common/gpu.h"
 #include "core/error.h"
+#include "kernels/skinny_gemm.h"
 
 using namespace gpulab;
 using namespace gpulab::bench;
@@ -69,22 +70,25 @@ TEST(SuitesGpu, Transfer) { GPULAB_REQUIRE_GPU(); expect_sane("transfer", 15); }
 TEST(SuitesGpu, Launch) { GPULAB_REQUIRE_GPU(); expect_sane("launch", 4); }
 TEST(SuitesGpu, Gemm) { GPULAB_REQUIRE_GPU(); expect_sane("gemm", 15); }
 // 80 GEMM rows (4 layers: the tensor-core kernel and cuBLASLt at 5 row counts, the GEMV on bf16
-// and on e4m3 weights at 1 and 2, W8A8 on the tensor-core kernel and on cuBLASLt at 4, 8 and 16),
-// then decode attention: 2 shapes x 2 paths (CUDA cores, tensor cores) x 2 batches x 2 contexts,
-// in us and in GB/s.
+// and on e4m3 weights at 1 and 2, W8A8 on the tensor-core kernel and on cuBLASLt at 4, 8 and 16,
+// and on wgmma at those rows where the GPU runs it), then decode attention: 2 shapes x 2 paths
+// (CUDA cores, tensor cores) x 2 batches x 2 contexts, in us and in GB/s.
 TEST(SuitesGpu, Decode) {
   GPULAB_REQUIRE_GPU();
   const nlohmann::json results = expect_sane("decode", 112);
-  int attention_rows = 0, fp8_rows = 0, w8a8_rows = 0;
+  int attention_rows = 0, fp8_rows = 0, w8a8_rows = 0, wgmma_rows = 0;
   for (const auto& r : results) {
     const std::string name = r["name"].get<std::string>();
+    const bool wgmma = name.rfind("skinny_w8a8_wgmma_", 0) == 0;
     attention_rows += name.rfind("attention_", 0) == 0;
     fp8_rows += name.rfind("gemv_fp8_", 0) == 0;
-    w8a8_rows += name.rfind("skinny_w8a8_", 0) == 0 || name.rfind("cublaslt_fp8_", 0) == 0;
+    wgmma_rows += wgmma;
+    w8a8_rows += !wgmma && (name.rfind("skinny_w8a8_", 0) == 0 || name.rfind("cublaslt_fp8_", 0) == 0);
   }
   EXPECT_EQ(attention_rows, 32);
   EXPECT_EQ(fp8_rows, 8);
   EXPECT_EQ(w8a8_rows, 24);
+  EXPECT_EQ(wgmma_rows, kernels::skinny_wgmma_runs_here() ? 12 : 0);
 }
 TEST(SuitesGpu, UnifiedMemory) { GPULAB_REQUIRE_GPU(); expect_sane("um", 0); }
 TEST(SuitesGpu, P2p) { GPULAB_REQUIRE_GPU(); expect_sane("p2p", 0); }
