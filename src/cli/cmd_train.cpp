@@ -61,8 +61,9 @@ int run_train(TrainCli& c) {
                   o.precision == "fp16" ? ("  scale " + std::to_string(int64_t(s.loss_scale))).c_str() : "");
     bar->set_suffix(suffix);
     bar->set(uint64_t(s.step + 1));
+    // std::endl flushes: a log file shows the line now, not when the buffer fills.
     if (c.log_every > 0 && ((s.step + 1) % c.log_every == 0 || s.step + 1 == o.steps))
-      std::cout << "step " << s.step + 1 << "/" << o.steps << "  " << suffix << std::endl;  // flushed: a log shows it now
+      std::cout << "step " << s.step + 1 << "/" << o.steps << "  " << suffix << std::endl;
   });
   bar.reset();
   if (r.rank != 0) return 0;  // one report per job, from rank 0

@@ -71,8 +71,8 @@ TEST(SuitesGpu, Launch) { GPULAB_REQUIRE_GPU(); expect_sane("launch", 4); }
 TEST(SuitesGpu, Gemm) { GPULAB_REQUIRE_GPU(); expect_sane("gemm", 15); }
 // 80 GEMM rows (4 layers: the tensor-core kernel and cuBLASLt at 5 row counts, the GEMV on bf16
 // and on e4m3 weights at 1 and 2, W8A8 on the tensor-core kernel and on cuBLASLt at 4, 8 and 16),
-// 92 where the GPU runs wgmma (W8A8 on it at those rows too), then decode attention: 2 shapes x 2 paths
-// (CUDA cores, tensor cores) x 2 batches x 2 contexts, in us and in GB/s.
+// 92 where the GPU runs wgmma (W8A8 on it at those rows too), then decode attention: 2 shapes x
+// 2 paths (CUDA cores, tensor cores) x 2 batches x 2 contexts, in us and in GB/s.
 TEST(SuitesGpu, Decode) {
   GPULAB_REQUIRE_GPU();
   const nlohmann::json results = expect_sane("decode", 112);
