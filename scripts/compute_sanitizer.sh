@@ -97,16 +97,19 @@ if ! (($(wc -l < "$runs"))); then
 fi
 
 # Who ran each report printed in log $1: the first host frame outside the CUDA driver and
-# runtime is in a library (cuDNN, cuBLAS, nvJPEG, NCCL) or in our code. Prints "" when nothing
-# was printed, else " [printed: N ours, M libraries, K without a host frame]". A library's reads
-# of its own outputs are often the tools' blind spots (docs/reliability.md: bulk stores, the JPEG
-# engine); a report in our code is read first.
+# runtime is in a library (cuDNN, cuBLAS, nvJPEG, NCCL) or in our code. racecheck prints no host
+# frames: a report whose kernel is a library's by name (library_kernels below; none of ours matches)
+# counts as the library's. Prints "" when nothing was printed, else " [printed: N ours, M libraries,
+# K without a host frame]". A library's reads of its own outputs are often the tools' blind spots
+# (docs/reliability.md: bulk stores, the JPEG engine); a report in our code is read first.
 # The first line of a printed report, whichever the tool ("Error: process didn't terminate" is none).
 report_start='^========= (Uninitialized|Invalid|Error: Race|Barrier|Race|Program hit|Host API)'
+library_kernel_names='nccl|cudnn|xmma|cublas|nvjet|nvjpeg'
 launched_by() {
-  awk -v start="$report_start" '
-    function close_report() { if (open && !seen) bare++; open = 0 }
-    $0 ~ start { close_report(); open = 1; seen = 0; next }
+  awk -v start="$report_start" -v library="$library_kernel_names" '
+    function close_report() { if (open && !seen) { if (library_kernel) lib++; else bare++ } open = 0 }
+    $0 ~ start { close_report(); open = 1; seen = 0; library_kernel = ($0 ~ library); next }
+    open && !seen && !/Host Frame:/ && $0 ~ library { library_kernel = 1 }
     open && !seen && /Host Frame:/ && !/ in libcuda\.so| in libcudart/ {
       seen = 1
       if (/ in lib(cudnn|cublas|nvjpeg|nccl)/) lib++; else ours++
@@ -123,7 +126,7 @@ run_one() {
   local log=$out/${test//\//_}.$tool.log  # parameterized names hold '/'
   local args=(--tool "$tool" --error-exitcode 99 --print-limit 50 --target-processes all --report-api-errors no)
   [[ $tool == memcheck && $leak_check == 1 ]] && args+=(--leak-check full)
-  [[ $tool == synccheck && $library_kernels == 0 ]] && args+=(--kernel-name-exclude 'regex=nccl|cudnn|xmma|cublas|nvjet|nvjpeg')
+  [[ $tool == synccheck && $library_kernels == 0 ]] && args+=(--kernel-name-exclude "regex=$library_kernel_names")
   local start=$(date +%s) code errors note limit=$timeout_s
   if ((deadline_at)); then
     if ((start >= deadline_at)); then
@@ -172,7 +175,7 @@ run_one() {
 }
 export -f run_one launched_by
 deadline_at=$((deadline > 0 ? $(date +%s) + deadline : 0))
-export out sanitizer timeout_s deadline_at leak_check library_kernels device_list report_start
+export out sanitizer timeout_s deadline_at leak_check library_kernels device_list report_start library_kernel_names
 
 summary=$out/summary.txt
 printf '%-72s %-10s %5s %6s  %s\n' test tool exit sec errors | tee "$summary"

@@ -18,7 +18,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 COMPUTE_SANITIZER = os.path.join(ROOT, "scripts", "compute_sanitizer.sh")
 COVERAGE = os.path.join(ROOT, "scripts", "sanitizer_coverage.py")
 TOOLS = ("memcheck", "racecheck", "initcheck")
-TESTS = ("Fake.Clean", "Fake.OneRace", "Fake.LibraryAndOurReads", "Fake.Hangs", "Fake.Skips",
+TESTS = ("Fake.Clean", "Fake.OneRace", "Fake.LibraryRace", "Fake.LibraryAndOurReads", "Fake.Hangs", "Fake.Skips",
          "Fake.SanitizerFails", "Fake.ChildKilled", "Fake/Param.Named/0")
 
 # Lists TESTS as `ctest -L gpu --show-only=json-v1` does: one command per test.
@@ -50,6 +50,11 @@ case "$name/$tool" in
   Fake.OneRace/racecheck)
     echo "========= Error: Race reported between Write access at reduce_kernel(float *)+0x90"
     echo "=========     and Read access at reduce_kernel(float *)+0xd0 [32 hazards]"
+    echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
+    exit 99 ;;
+  Fake.LibraryRace/racecheck)  # as session 34's cuDNN dgrad reports: no host frame, the kernel names cuDNN
+    echo "========= Error: Race reported between Write access at sm90_xmma_dgrad_implicit_gemm_bf16_cudnn+0x8d30"
+    echo "=========     and Read access at sm90_xmma_dgrad_implicit_gemm_bf16_cudnn+0xae30 [128 hazards]"
     echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
     exit 99 ;;
   Fake.LibraryAndOurReads/initcheck)
@@ -145,6 +150,10 @@ class SanitizerScripts(unittest.TestCase):
         self.assertTrue(note.startswith("1 "), note)
         self.assertIn("[printed: 0 ours, 0 libraries, 1 without a host frame]", note)
 
+    def test_a_race_without_host_frames_in_a_library_kernel_is_the_librarys(self):
+        self.assertEqual(self.row("Fake.LibraryRace", "racecheck"),
+                         (99, "1 [printed: 0 ours, 1 libraries, 0 without a host frame]"))
+
     def test_reports_are_attributed_to_the_first_frame_past_the_cuda_runtime(self):
         code, note = self.row("Fake.LibraryAndOurReads", "initcheck")
         self.assertEqual((code, note), (99, "2 [printed: 1 ours, 1 libraries, 0 without a host frame]"))
@@ -178,8 +187,8 @@ class SanitizerScripts(unittest.TestCase):
         total = re.search(r"(\d+) runs, (\d+) with errors or failures, (\d+) timed out, (\d+) not judged, (\d+) not run",
                           self.stdout)
         self.assertIsNotNone(total, self.stdout)
-        # Failures: OneRace, LibraryAndOurReads, ChildKilled.
-        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 3, 1, 1, 0))
+        # Failures: OneRace, LibraryRace, LibraryAndOurReads, ChildKilled.
+        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 4, 1, 1, 0))
 
     def test_a_deadline_ends_the_running_run_and_lists_the_rest_as_not_run(self):
         status, stdout, _logs, rows = self.run_script("deadline", "--tools", "memcheck racecheck", "--jobs", "1",
@@ -254,19 +263,20 @@ class SanitizerScripts(unittest.TestCase):
         counts = {m.group(1): (int(m.group(2)), int(m.group(3)))
                   for m in re.finditer(r"^(memcheck|synccheck|initcheck|racecheck)\s+(\d+)\s+(\d+)", table, re.M)}
         n = len(TESTS)
-        # Never clean: Skips under every tool; Hangs under memcheck; OneRace and ChildKilled under
-        # racecheck; LibraryAndOurReads and SanitizerFails under initcheck; synccheck never ran.
+        # Never clean: Skips under every tool; Hangs under memcheck; OneRace, LibraryRace (a library's
+        # report is still a report) and ChildKilled under racecheck; LibraryAndOurReads and
+        # SanitizerFails under initcheck; synccheck never ran.
         self.assertEqual(counts, {"memcheck": (n - 2, 2), "synccheck": (0, n), "initcheck": (n - 3, 3),
-                                  "racecheck": (n - 3, 3)}, table)
+                                  "racecheck": (n - 4, 4)}, table)
         left = self.coverage("--left", "racecheck", results=results).strip()
-        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.Skips|Fake\.ChildKilled)$")
+        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.LibraryRace|Fake\.Skips|Fake\.ChildKilled)$")
         # A second folder's clean run counts beside the first's.
         later = os.path.join(self.dir, "results-later")
         os.makedirs(later, exist_ok=True)
         with open(os.path.join(later, "later-sanitizer.txt"), "w", encoding="utf-8") as f:
             f.write("Fake.ChildKilled racecheck 0 30 0\n")
         left = self.coverage("--left", "racecheck", "--results", later, results=results).strip()
-        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.Skips)$")
+        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.LibraryRace|Fake\.Skips)$")
 
 
 if __name__ == "__main__":
