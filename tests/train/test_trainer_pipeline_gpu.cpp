@@ -112,12 +112,12 @@ TEST(TrainerPipelineGpu, ProcessesSharingTheJpegEnginesAllFinish) {
   make_shapes(dir.path, 1);
   constexpr int kProcesses = 3;
   // Under a sanitizer (which checks the children too) the children run one after another, 10 steps
-  // each: three children at once under one compute-sanitizer all stalled at their first cudaMalloc
-  // for 300 s, with the JPEG hardware engine on or off, while one child alone under memcheck
-  // finished its 10 steps with 0 errors (session 34; sessions 32-33 saw the same stall). The hang
-  // this test guards against is judged in plain runs; under a tool it checks each child's code.
-  // Three children's limits stay inside compute_sanitizer.sh's own --timeout (420-480 s), so that
-  // a run that outlasts it still ends here and prints how far each child got.
+  // each, so that each child's own limit shows whether it finishes alone: three at once under one
+  // compute-sanitizer all stalled at batch 0 for 300 s, with the JPEG hardware engine on or off,
+  // while one child run as the tool's own target finished (docs/reliability.md, sessions 32-34).
+  // The hang this test guards against is judged in plain runs. Three children's limits stay inside
+  // compute_sanitizer.sh's --timeout (give it 440 s or more), so that a run that outlasts them
+  // still ends here and prints how far each child got.
   const bool sanitized = !sanitizer_tool().empty();
   const int steps = sanitized ? 10 : 150, limit_s = sanitized ? 140 : 90;
   const std::string then = sanitized ? "; " : " & ";
