@@ -98,7 +98,7 @@ fi
 
 # Who ran each report printed in log $1: the first host frame outside the CUDA driver and
 # runtime is in a library (cuDNN, cuBLAS, nvJPEG, NCCL) or in our code. racecheck prints no host
-# frames: a report whose kernel is a library's by name (library_kernels below; none of ours matches)
+# frames: a report whose kernel is a library's by name (library_kernel_names; none of ours matches)
 # counts as the library's. Prints "" when nothing was printed, else " [printed: N ours, M libraries,
 # K without a host frame]". A library's reads of its own outputs are often the tools' blind spots
 # (docs/reliability.md: bulk stores, the JPEG engine); a report in our code is read first.
