@@ -108,8 +108,8 @@ library_kernel_names='nccl|cudnn|xmma|cublas|nvjet|nvjpeg'
 launched_by() {
   awk -v start="$report_start" -v library="$library_kernel_names" '
     function close_report() { if (open && !seen) { if (library_kernel) lib++; else bare++ } open = 0 }
-    $0 ~ start { close_report(); open = 1; seen = 0; library_kernel = ($0 ~ library); next }
-    open && !seen && !/Host Frame:/ && $0 ~ library { library_kernel = 1 }
+    $0 ~ start { close_report(); open = 1; seen = 0; library_kernel = 0 }
+    open && !seen && !/Host Frame:/ && $0 ~ library { library_kernel = 1 }  # the report line or its "at" line
     open && !seen && /Host Frame:/ && !/ in libcuda\.so| in libcudart/ {
       seen = 1
       if (/ in lib(cudnn|cublas|nvjpeg|nccl)/) lib++; else ours++

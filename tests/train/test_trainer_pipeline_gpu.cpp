@@ -113,12 +113,10 @@ TEST(TrainerPipelineGpu, ProcessesSharingTheJpegEnginesAllFinish) {
   constexpr int kProcesses = 3;
   // Under a sanitizer (which checks the children too) the children run one after another, 10 steps
   // each, so that each child's own limit shows whether it finishes alone: three at once under one
-  // compute-sanitizer all stalled at batch 0 for 300 s, with the JPEG hardware engine on or off,
-  // while one child run as the tool's own target finished (docs/reliability.md, sessions 32-34).
-  // The hang this test guards against is judged in plain runs. Three children's limits stay inside
-  // compute_sanitizer.sh's --timeout and a device call's deadline (give it 360 s or more), so that
-  // a run that outlasts them still ends here and prints how far each child got (session 34's
-  // three tools were cut at a 179 s deadline with nothing to show).
+  // compute-sanitizer stalled at batch 0, engine on or off (docs/reliability.md, sessions 32-34).
+  // The hang this test guards against is judged in plain runs. The three limits fit inside
+  // compute_sanitizer.sh's --timeout and a device call's deadline (give it 360 s or more), so a
+  // run that outlasts them still ends here and prints how far each child got.
   const bool sanitized = !sanitizer_tool().empty();
   const int steps = sanitized ? 10 : 150, limit_s = sanitized ? 110 : 90;
   const std::string then = sanitized ? "; " : " & ";
