@@ -1,5 +1,5 @@
-// ResNet forward/backward: cuDNN convolutions (legacy API; algorithms measured by cudnnFind*,
-// or the v7 heuristics' choice with --deterministic), cuDNN BatchNorm, cuDNN max pooling, and
+// ResNet forward/backward: cuDNN convolutions (legacy API; algorithms measured by cudnnFind*, or
+// the v7 heuristics' choice with --deterministic and under racecheck), cuDNN BatchNorm, cuDNN max pooling, and
 // small kernels for global average pooling, the loss, and ReLU and residual add wherever cuDNN's
 // batch norm does not fuse them (Impl::bn_fused). One conv+BN(+ReLU) is a ConvLayer; a block's
 // last one also adds the shortcut before its ReLU. Its buffers hold what backward needs. Each
@@ -328,12 +328,18 @@ struct ResNet::Impl {
   using ConvShapeKey = std::tuple<int, int, int, int, int, int, int, bool>;
   std::map<ConvShapeKey, ConvAlgos> chosen_algos;
   bool strict_fp32() const { return opt.dtype == core::DType::f32 && opt.math == core::MathMode::strict_fp32; }
-  // The layouts whose algorithms are compared: the forced one; NHWC alone where runs repeat bit
-  // for bit (heuristics, no timings) and for fp16/bf16 (cuDNN's fast kernels are NHWC there, and
-  // measuring NCHW as well would only lengthen the start); else both.
+  // Whether the convolutions' algorithms are timed (cudnnFind*, as torch's cudnn.benchmark) or
+  // taken from cuDNN's heuristics. Heuristics where runs repeat bit for bit (--deterministic): their
+  // choice does not depend on timing noise. And under compute-sanitizer's racecheck, which checks
+  // every shared-memory access: timing runs every candidate algorithm of every shape, several
+  // times, under an instrumentation that slows kernels unevenly, so its ranking would mean nothing.
+  bool measure_algorithms() const { return !opt.deterministic && core::sanitizer_tool() != "racecheck"; }
+  // The layouts whose algorithms are compared: the forced one; NHWC alone where nothing is timed
+  // and for fp16/bf16 (cuDNN's fast kernels are NHWC there, and measuring NCHW as well would only
+  // lengthen the start); else both.
   std::vector<ConvLayout> conv_layouts() const {
     if (opt.conv_layout) return {*opt.conv_layout};
-    if (opt.deterministic || opt.dtype != core::DType::f32) return {ConvLayout::nhwc};
+    if (!measure_algorithms() || opt.dtype != core::DType::f32) return {ConvLayout::nhwc};
     return {ConvLayout::nhwc, ConvLayout::nchw};
   }
   template <class Perf, class Find>
@@ -707,9 +713,7 @@ void ResNet::Impl::build_conv(ConvLayer& L, int in_h, int in_w) {
   if (const auto hit = chosen_algos.find(key); hit != chosen_algos.end()) {
     L.algos = hit->second;
   } else {
-    // Runs compared bit for bit (--deterministic) need the same algorithms every time: heuristics
-    // there, whose choice does not depend on timing noise.
-    const bool measure = !opt.deterministic;
+    const bool measure = measure_algorithms();
     // Measuring runs every algorithm: on our own operands, zeroed, with a workspace of the limit
     // (the Ex calls). The plain cudnnFind* calls allocate theirs and leave them unwritten, which
     // compute-sanitizer's initcheck flagged (session 27). y stands for dy in the backward passes,

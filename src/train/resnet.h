@@ -43,7 +43,7 @@ struct ModelOptions {
   bool deterministic = false;
   // Every convolution direction in this layout; unset: for fp32 data (strict or tf32) NCHW where
   // that measured faster, its transposes included (cuDNN's strict-fp32 NHWC kernels are slow);
-  // NHWC for fp16/bf16 and with `deterministic`.
+  // NHWC for fp16/bf16, with `deterministic` and under racecheck (nothing timed there).
   std::optional<ConvLayout> conv_layout;
   // Training folds each ReLU, and each block's residual add, into cuDNN's batch norm where cuDNN
   // offers that (fp16, not deterministic); false keeps separate ReLU and add kernels everywhere.
