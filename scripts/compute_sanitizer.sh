@@ -14,7 +14,8 @@
 # where the VMM handle type is not permitted: 75 such reports in session 6), and every error
 # our own code gets back fails its test through GPULAB_CHECK.
 # Logs go to $OUT/compute-sanitizer/ (or DIR/compute-sanitizer/); summary.txt has one line per run:
-# test, tool, exit status, seconds, errors (a test that skipped says so). Exit 1 when any run
+# test, tool, exit status, seconds, errors (a test that skipped, failed, or gave no verdict says so:
+# the tool's exit status 99 hides the program's). Exit 1 when any run
 # reports an error or fails; timeouts (124) and runs where the sanitizer itself failed (125,
 # "Internal Sanitizer Error", as when runs beside it took the GPU's memory) are listed, not judged.
 # --deadline S ends the whole pass S seconds after it starts (a device call's own limit): a run
@@ -171,6 +172,14 @@ run_one() {
   # and the run says nothing about the test, so it is marked and not judged.
   grep -q 'Internal Sanitizer Error' "$log" && code=125 note="$errors (sanitizer internal error: not judged)"
   note+=$(launched_by "$log")
+  # gtest's verdict, which the tool's exit status (99 once it reported anything) hides. A program
+  # that ended mid-test prints none: four racecheck runs at once on one H100 ended so in session 35,
+  # with no message and exit status 9, or 99 where hazards had been reported.
+  if grep -q '^\[  FAILED  \]' "$log"; then
+    note+=" (test failed)"
+  elif ((code != 124 && code != 125)) && ! grep -qE '^\[  (PASSED  |SKIPPED )\]' "$log"; then
+    note+=" (no test verdict: ended mid-test)"
+  fi
   printf '%-72s %-10s %5s %6s  %s\n' "$test" "$tool" "$code" "$(($(date +%s) - start))" "$note"
 }
 export -f run_one launched_by

@@ -19,7 +19,7 @@ COMPUTE_SANITIZER = os.path.join(ROOT, "scripts", "compute_sanitizer.sh")
 COVERAGE = os.path.join(ROOT, "scripts", "sanitizer_coverage.py")
 TOOLS = ("memcheck", "racecheck", "initcheck")
 TESTS = ("Fake.Clean", "Fake.OneRace", "Fake.LibraryRace", "Fake.LibraryAndOurReads", "Fake.Hangs", "Fake.Skips",
-         "Fake.SanitizerFails", "Fake.ChildKilled", "Fake/Param.Named/0")
+         "Fake.SanitizerFails", "Fake.ChildKilled", "Fake.EndsMidTest", "Fake/Param.Named/0")
 
 # Lists TESTS as `ctest -L gpu --show-only=json-v1` does: one command per test.
 FAKE_CTEST = """#!/usr/bin/env python3
@@ -41,7 +41,9 @@ while (($#)); do
   esac
 done
 echo "env: GPULAB_SANITIZER=${GPULAB_SANITIZER-unset} GPULAB_NVJPEG_HARDWARE=${GPULAB_NVJPEG_HARDWARE-unset}"
+passed() { echo "[  PASSED  ] 1 test."; }
 clean() {
+  passed
   if [[ $tool == racecheck ]]; then echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
   else echo "========= ERROR SUMMARY: 0 errors"; fi
   exit 0
@@ -50,11 +52,13 @@ case "$name/$tool" in
   Fake.OneRace/racecheck)
     echo "========= Error: Race reported between Write access at reduce_kernel(float *)+0x90"
     echo "=========     and Read access at reduce_kernel(float *)+0xd0 [32 hazards]"
+    passed
     echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
     exit 99 ;;
   Fake.LibraryRace/racecheck)  # as session 34's cuDNN dgrad reports: no host frame, the kernel names cuDNN
     echo "========= Error: Race reported between Write access at sm90_xmma_dgrad_implicit_gemm_bf16_cudnn+0x8d30"
     echo "=========     and Read access at sm90_xmma_dgrad_implicit_gemm_bf16_cudnn+0xae30 [128 hazards]"
+    passed
     echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
     exit 99 ;;
   Fake.LibraryAndOurReads/initcheck)
@@ -67,6 +71,7 @@ case "$name/$tool" in
     echo "=========     Host Frame: [0x2f0f3f] in libcuda.so.1"
     echo "=========     Host Frame: [0x15f2b] in libcudart.so.13"
     echo "=========     Host Frame: gpulab::kernels::rope(...) [0x8a11] in test_fake_gpu"
+    passed
     echo "========= ERROR SUMMARY: 2 errors"
     exit 99 ;;
   Fake.Hangs/memcheck)
@@ -81,9 +86,18 @@ case "$name/$tool" in
     echo "========= Internal Sanitizer Error: The Sanitizer encountered an error while launching the application"
     exit 255 ;;
   Fake.ChildKilled/racecheck)
+    echo "[  FAILED  ] Fake.ChildKilled (3 ms)"
     echo "========= Error: process didn't terminate successfully"
     echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
     exit 1 ;;
+  Fake.EndsMidTest/racecheck)  # as session 35's training tests, four at once: the program ended with no verdict
+    echo "[ RUN      ] Fake.EndsMidTest"
+    echo "========= Error: Race reported between Write access at sm90_xmma_dgrad_implicit_gemm_bf16_cudnn+0x8d30"
+    echo "=========     and Read access at sm90_xmma_dgrad_implicit_gemm_bf16_cudnn+0xae30 [64 hazards]"
+    echo "========= Error: process didn't terminate successfully"
+    echo "========= Target application returned an error"
+    echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
+    exit 99 ;;
   *) clean ;;
 esac
 """
@@ -172,7 +186,13 @@ class SanitizerScripts(unittest.TestCase):
         self.assertIn("not judged", note)
 
     def test_a_killed_child_is_a_failure_not_a_report(self):
-        self.assertEqual(self.row("Fake.ChildKilled", "racecheck"), (1, "0"))
+        self.assertEqual(self.row("Fake.ChildKilled", "racecheck"), (1, "0 (test failed)"))
+
+    def test_a_program_that_ends_mid_test_says_so_behind_its_reports(self):
+        # The tool's 99 would otherwise read as "the test passed, with reports".
+        self.assertEqual(self.row("Fake.EndsMidTest", "racecheck"),
+                         (99, "1 [printed: 0 ours, 1 libraries, 0 without a host frame]"
+                              " (no test verdict: ended mid-test)"))
 
     def test_each_run_names_its_tool_and_initcheck_leaves_out_the_jpeg_engine(self):
         for tool in TOOLS:
@@ -187,8 +207,8 @@ class SanitizerScripts(unittest.TestCase):
         total = re.search(r"(\d+) runs, (\d+) with errors or failures, (\d+) timed out, (\d+) not judged, (\d+) not run",
                           self.stdout)
         self.assertIsNotNone(total, self.stdout)
-        # Failures: OneRace, LibraryRace, LibraryAndOurReads, ChildKilled.
-        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 4, 1, 1, 0))
+        # Failures: OneRace, LibraryRace, LibraryAndOurReads, ChildKilled, EndsMidTest.
+        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 5, 1, 1, 0))
 
     def test_a_deadline_ends_the_running_run_and_lists_the_rest_as_not_run(self):
         status, stdout, _logs, rows = self.run_script("deadline", "--tools", "memcheck racecheck", "--jobs", "1",
@@ -264,19 +284,19 @@ class SanitizerScripts(unittest.TestCase):
                   for m in re.finditer(r"^(memcheck|synccheck|initcheck|racecheck)\s+(\d+)\s+(\d+)", table, re.M)}
         n = len(TESTS)
         # Never clean: Skips under every tool; Hangs under memcheck; OneRace, LibraryRace (a library's
-        # report is still a report) and ChildKilled under racecheck; LibraryAndOurReads and
-        # SanitizerFails under initcheck; synccheck never ran.
+        # report is still a report), ChildKilled and EndsMidTest under racecheck; LibraryAndOurReads
+        # and SanitizerFails under initcheck; synccheck never ran.
         self.assertEqual(counts, {"memcheck": (n - 2, 2), "synccheck": (0, n), "initcheck": (n - 3, 3),
-                                  "racecheck": (n - 4, 4)}, table)
+                                  "racecheck": (n - 5, 5)}, table)
         left = self.coverage("--left", "racecheck", results=results).strip()
-        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.LibraryRace|Fake\.Skips|Fake\.ChildKilled)$")
+        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.LibraryRace|Fake\.Skips|Fake\.ChildKilled|Fake\.EndsMidTest)$")
         # A second folder's clean run counts beside the first's.
         later = os.path.join(self.dir, "results-later")
         os.makedirs(later, exist_ok=True)
         with open(os.path.join(later, "later-sanitizer.txt"), "w", encoding="utf-8") as f:
             f.write("Fake.ChildKilled racecheck 0 30 0\n")
         left = self.coverage("--left", "racecheck", "--results", later, results=results).strip()
-        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.LibraryRace|Fake\.Skips)$")
+        self.assertEqual(left, r"^(Fake\.OneRace|Fake\.LibraryRace|Fake\.Skips|Fake\.EndsMidTest)$")
 
 
 if __name__ == "__main__":
