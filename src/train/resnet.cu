@@ -1,10 +1,10 @@
 // ResNet forward/backward: cuDNN convolutions (legacy API; algorithms measured by cudnnFind*, or
-// the v7 heuristics' choice with --deterministic and under racecheck), cuDNN BatchNorm, cuDNN max pooling, and
-// small kernels for global average pooling, the loss, and ReLU and residual add wherever cuDNN's
-// batch norm does not fuse them (Impl::bn_fused). One conv+BN(+ReLU) is a ConvLayer; a block's
-// last one also adds the shortcut before its ReLU. Its buffers hold what backward needs. Each
-// convolution direction runs in NHWC, or on NCHW copies of its operands (Impl::conv_direction)
-// where that measured faster.
+// the v7 heuristics' choice with --deterministic and under racecheck: Impl::measure_algorithms),
+// cuDNN BatchNorm, cuDNN max pooling, and small kernels for global average pooling, the loss, and
+// ReLU and residual add wherever cuDNN's batch norm does not fuse them (Impl::bn_fused). One
+// conv+BN(+ReLU) is a ConvLayer; a block's last one also adds the shortcut before its ReLU. Its
+// buffers hold what backward needs. Each convolution direction runs in NHWC, or on NCHW copies of
+// its operands (Impl::conv_direction) where that measured faster.
 #include <algorithm>
 #include <array>
 #include <cfloat>
