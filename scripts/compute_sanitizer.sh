@@ -27,7 +27,9 @@
 # (scripts/sanitizer_coverage.py's rule), so a device session spends its time on what is left.
 # Both may be given more than once (bench/results and the session's own earlier summaries).
 # Runs share each GPU: the engine tests size their KV pools from free memory, so keep --jobs at
-# about 2 per GPU (session 7: 6 runs on one GPU failed 45 tests with out-of-memory).
+# about 2 per GPU (session 7: 6 runs on one GPU failed 45 tests with out-of-memory). They share the
+# host's memory too: racecheck on the training tests wants --jobs 1 on a 128 GiB machine (session
+# 36: two at once used it all). Each summary line gives a run's host memory peak from 0.5 GiB.
 # synccheck leaves the libraries' kernels (NCCL, cuDNN, cuBLAS, nvJPEG) out unless
 # --library-kernels: NCCL's ring kernels reach barriers from divergent threads by design
 # (session 10: 7,000-17,000 reports a multi-GPU test), which would hide one of ours; they still
@@ -147,7 +149,21 @@ run_one() {
   # initcheck does not see what the JPEG hardware engine writes (session 27): under it, nvJPEG
   # decodes on its GPU-hybrid backend, whose kernels it sees. The other tools check the engine's path.
   [[ $tool == initcheck ]] && export GPULAB_NVJPEG_HARDWARE=0
-  sanitize() { (cd "$(dirname "$exe")" && timeout "$limit" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test") >"$log" 2>&1; }
+  # The log ends with the peak resident memory of the run's largest process (the tool or a program
+  # it checks): two racecheck runs of the training tests at once took all 125 GiB of an H100
+  # machine's host memory, and one ended mid-test (session 36).
+  sanitize() {
+    python3 - "$log" "$(dirname "$exe")" \
+      timeout "$limit" "$sanitizer" "${args[@]}" "$exe" --gtest_filter="$test" <<'EOF'
+import resource, subprocess, sys
+log, cwd, command = sys.argv[1], sys.argv[2], sys.argv[3:]
+with open(log, "w") as out:
+    code = subprocess.call(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(f"compute_sanitizer.sh: peak resident memory of the largest process: {peak_kib} KiB", file=out)
+sys.exit(code if code >= 0 else 128 - code)  # a signal as the shell reports it
+EOF
+  }
   sanitize
   code=$?
   if grep -q '\[  SKIPPED \]' "$log" && ((${#devices[@]} > 1)); then
@@ -180,6 +196,9 @@ run_one() {
   elif ((code != 124 && code != 125)) && ! grep -qE '^\[  (PASSED  |SKIPPED )\]' "$log"; then
     note+=" (no test verdict: ended mid-test)"
   fi
+  # Host memory, where it is enough to plan --jobs by (from 0.5 GiB).
+  note+=$(awk '/^compute_sanitizer.sh: peak resident memory/ {kib = $(NF - 1)}
+               END {if (kib >= 512 * 1024) printf " (host memory peak %.1f GiB)", kib / 1024 / 1024}' "$log")
   printf '%-72s %-10s %5s %6s  %s\n' "$test" "$tool" "$code" "$(($(date +%s) - start))" "$note"
 }
 export -f run_one launched_by

@@ -92,6 +92,7 @@ case "$name/$tool" in
     exit 1 ;;
   Fake.EndsMidTest/racecheck)  # as session 35's training tests, four at once: the program ended with no verdict
     echo "[ RUN      ] Fake.EndsMidTest"
+    python3 -c 'held = b"x" * (600 << 20)'  # a program that takes 600 MiB of host memory
     echo "========= Error: Race reported between Write access at sm90_xmma_dgrad_implicit_gemm_bf16_cudnn+0x8d30"
     echo "=========     and Read access at sm90_xmma_dgrad_implicit_gemm_bf16_cudnn+0xae30 [64 hazards]"
     echo "========= Error: process didn't terminate successfully"
@@ -189,10 +190,21 @@ class SanitizerScripts(unittest.TestCase):
         self.assertEqual(self.row("Fake.ChildKilled", "racecheck"), (1, "0 (test failed)"))
 
     def test_a_program_that_ends_mid_test_says_so_behind_its_reports(self):
-        # The tool's 99 would otherwise read as "the test passed, with reports".
-        self.assertEqual(self.row("Fake.EndsMidTest", "racecheck"),
-                         (99, "1 [printed: 0 ours, 1 libraries, 0 without a host frame]"
-                              " (no test verdict: ended mid-test)"))
+        # The tool's 99 would otherwise read as "the test passed, with reports". Its host memory
+        # peak (600 MiB and the interpreter) is the clue to why, and smaller peaks are not shown.
+        code, note = self.row("Fake.EndsMidTest", "racecheck")
+        self.assertEqual(code, 99)
+        self.assertRegex(note, r"^1 \[printed: 0 ours, 1 libraries, 0 without a host frame\]"
+                               r" \(no test verdict: ended mid-test\) \(host memory peak 0\.6 GiB\)$")
+
+    def test_each_log_ends_with_its_largest_process_peak_memory(self):
+        with open(os.path.join(self.logs, "Fake.Clean.memcheck.log"), encoding="utf-8") as f:
+            last = f.read().splitlines()[-1]
+        kib = int(re.fullmatch(r"compute_sanitizer\.sh: peak resident memory of the largest process: (\d+) KiB",
+                               last).group(1))
+        self.assertGreater(kib, 0)
+        self.assertLess(kib, 512 * 1024)  # so its summary line does not show it
+        self.assertEqual(self.row("Fake.Clean", "memcheck"), (0, "0"))
 
     def test_each_run_names_its_tool_and_initcheck_leaves_out_the_jpeg_engine(self):
         for tool in TOOLS:
