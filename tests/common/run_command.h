@@ -23,9 +23,8 @@ struct CommandResult {
 // The shell gets this process's stdin, one pipe for stdout and stderr, and no other descriptor,
 // as Python's subprocess gives a child. popen passed on every descriptor not marked close-on-exec,
 // compute-sanitizer's own among them in a test that runs under it. There this binary's `gpulab
-// train` children stalled at their first batch, while children that did not get their parent's
-// descriptors finished (docs/reliability.md, sessions 32-35); that the descriptors were the cause
-// is the guess this tests.
+// train` children stalled at their first batch; started this way, they finish (docs/reliability.md,
+// sessions 32-36).
 inline CommandResult run_command(const std::string& command) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return {-1, std::string("run_command: pipe: ") + std::strerror(errno)};

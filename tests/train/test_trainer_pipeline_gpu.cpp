@@ -113,11 +113,12 @@ TEST(TrainerPipelineGpu, ProcessesSharingTheJpegEnginesAllFinish) {
   constexpr int kProcesses = 3;
   // Under a sanitizer (which checks the children too) the children run one after another, 10 steps
   // each, so that each child's own limit shows whether it finishes alone: three at once under one
-  // compute-sanitizer stalled at batch 0, engine on or off, and so did each alone (docs/reliability.md,
-  // sessions 32-35; run_command no longer hands them this process's descriptors, the guess since).
-  // The hang this test guards against is judged in plain runs. The three limits fit inside
-  // compute_sanitizer.sh's --timeout and a device call's deadline (give it 360 s or more), so a
-  // run that outlasts them still ends here and prints how far each child got.
+  // compute-sanitizer stalled at batch 0, engine on or off, and so did each alone, until
+  // run_command stopped handing them this process's descriptors (docs/reliability.md, sessions
+  // 32-36; at once again is not yet tried). The hang this test guards against is judged in plain
+  // runs. The three limits fit inside compute_sanitizer.sh's --timeout and a device call's deadline
+  // (give it 360 s or more), so a run that outlasts them still ends here and prints how far each
+  // child got.
   const bool sanitized = !sanitizer_tool().empty();
   const int steps = sanitized ? 10 : 150, limit_s = sanitized ? 110 : 90;
   const std::string then = sanitized ? "; " : " & ";
