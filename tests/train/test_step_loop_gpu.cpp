@@ -25,6 +25,7 @@ using namespace gpulab;
 using namespace gpulab::train;
 using fixtures::temp_dir;
 using fixtures::file_bytes;
+using fixtures::under_racecheck;
 namespace fs = std::filesystem;
 
 namespace {
@@ -136,8 +137,12 @@ TrainOptions folder_run(const fs::path& data, const char* pipeline, const std::s
 TEST(StepLagGpu, RunningAheadReportsAndTrainsBitForBitAsTheSynchronousLoop) {
   GPULAB_REQUIRE_GPU();
   const fs::path dir = temp_dir("step_lag");
+  // Under racecheck: accumulation 2 only (its first micro-batch is an accumulation-1 step) and
+  // lag 2 only (the lag is the host's).
+  const std::vector<int> accums = under_racecheck() ? std::vector<int>{2} : std::vector<int>{1, 2};
+  const std::vector<int> lags = under_racecheck() ? std::vector<int>{2} : std::vector<int>{2, 11};
   for (const char* precision : {"fp16", "fp32"}) {
-    for (int accum : {1, 2}) {
+    for (int accum : accums) {
       SCOPED_TRACE(std::string(precision) + " accum " + std::to_string(accum));
       TrainOptions o = deterministic_run(precision);
       o.accum = accum;
@@ -146,7 +151,7 @@ TEST(StepLagGpu, RunningAheadReportsAndTrainsBitForBitAsTheSynchronousLoop) {
       if (std::string(precision) == "fp16") {
         EXPECT_EQ(sync.steps[0].loss_scale, 65536.f);  // the loss scaler is in play
       }
-      for (int lag : {2, 11}) {  // 11: more steps than the run has
+      for (int lag : lags) {  // 11: more steps than the run has
         SCOPED_TRACE("lag " + std::to_string(lag));
         expect_same(sync, train_once(with_lag(o, lag), dir / (tag + "_" + std::to_string(lag))), o.steps);
       }
@@ -224,6 +229,9 @@ TEST(CudaGraphGpu, ReplayedStepsTrainBitForBitAsEagerOnes) {
   for (const Case c : {Case{"fp32", OptimizerKind::sgd, 1}, Case{"fp16", OptimizerKind::sgd, 1},
                        Case{"fp16", OptimizerKind::lars, 2}, Case{"fp32", OptimizerKind::lamb, 3},
                        Case{"bf16", OptimizerKind::sgd, 2}}) {
+    // Under racecheck: the last three cases, which hold every precision and optimizer of the first
+    // two, and no repeat run.
+    if (under_racecheck() && c.accum == 1) continue;
     const std::string tag = std::string(c.precision) + "_" + std::to_string(int(c.kind)) + "_" + std::to_string(c.accum);
     SCOPED_TRACE(tag);
     TrainOptions o = deterministic_run(c.precision);
@@ -237,7 +245,9 @@ TEST(CudaGraphGpu, ReplayedStepsTrainBitForBitAsEagerOnes) {
     EXPECT_EQ(graph.report.graph_steps, o.steps - o.warmup_steps_untimed);
     expect_same(eager, graph, o.steps);
     // And run to run: a graph run repeats itself.
-    EXPECT_TRUE(train_once(with_graph(o), dir / (tag + "_graph2")).exported == graph.exported);
+    if (!under_racecheck()) {
+      EXPECT_TRUE(train_once(with_graph(o), dir / (tag + "_graph2")).exported == graph.exported);
+    }
   }
   fs::remove_all(dir);
 }
