@@ -24,8 +24,8 @@ TEST(TrainerGpu, EveryPrecisionAndOptimizerRunsOnSyntheticData) {
   const OptimizerKind kinds[] = {OptimizerKind::sgd, OptimizerKind::lars, OptimizerKind::lamb};
   for (int p = 0; p < 4; ++p) {
     for (int k = 0; k < 3; ++k) {
-      // Under racecheck each precision trains with one optimizer, in turn: every precision's and
-      // every optimizer's kernels still run (fixtures::under_racecheck).
+      // Under racecheck each precision trains with one optimizer, in turn, so every precision and
+      // every optimizer still runs (fixtures::under_racecheck).
       if (fixtures::under_racecheck() && p % 3 != k) continue;
       const char* precision = precisions[p];
       const OptimizerKind kind = kinds[k];
