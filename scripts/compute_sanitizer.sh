@@ -189,8 +189,8 @@ EOF
   grep -q 'Internal Sanitizer Error' "$log" && code=125 note="$errors (sanitizer internal error: not judged)"
   note+=$(launched_by "$log")
   # gtest's verdict, which the tool's exit status (99 once it reported anything) hides. A program
-  # that ended mid-test prints none: four racecheck runs at once on one H100 ended so in session 35,
-  # with no message and exit status 9, or 99 where hazards had been reported.
+  # that ended mid-test prints none: racecheck runs several at once ended so in sessions 35-36, with
+  # no message and exit status 9, or 99 where hazards had been reported, when host memory ran out.
   if grep -q '^\[  FAILED  \]' "$log"; then
     note+=" (test failed)"
   elif ((code != 124 && code != 125)) && ! grep -qE '^\[  (PASSED  |SKIPPED )\]' "$log"; then

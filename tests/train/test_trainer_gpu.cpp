@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "common/gpu.h"
 #include "data/dataset.h"
@@ -22,8 +23,8 @@ TEST(TrainerGpu, EveryPrecisionAndOptimizerRunsOnSyntheticData) {
   GPULAB_REQUIRE_GPU();
   const char* const precisions[] = {"fp32", "tf32", "fp16", "bf16"};
   const OptimizerKind kinds[] = {OptimizerKind::sgd, OptimizerKind::lars, OptimizerKind::lamb};
-  for (int p = 0; p < 4; ++p) {
-    for (int k = 0; k < 3; ++k) {
+  for (size_t p = 0; p < std::size(precisions); ++p) {
+    for (size_t k = 0; k < std::size(kinds); ++k) {
       // Under racecheck each precision trains with one optimizer, in turn, so every precision and
       // every optimizer still runs (fixtures::under_racecheck).
       if (fixtures::under_racecheck() && p % 3 != k) continue;
