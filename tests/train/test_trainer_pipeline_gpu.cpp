@@ -111,23 +111,19 @@ TEST(TrainerPipelineGpu, ProcessesSharingTheJpegEnginesAllFinish) {
   gpulab::testing::TempDir dir("train_gpu_pipeline_processes");
   make_shapes(dir.path, 1);
   constexpr int kProcesses = 3;
-  // Under a sanitizer (which checks the children too) the children run one after another, 10 steps
-  // each, so that each child's own limit shows whether it finishes alone: three at once under one
-  // compute-sanitizer stalled at batch 0, engine on or off, and so did each alone, until
-  // run_command stopped handing them this process's descriptors (docs/reliability.md, sessions
-  // 32-36; at once again is not yet tried). The hang this test guards against is judged in plain
-  // runs. The three limits fit inside compute_sanitizer.sh's --timeout and a device call's deadline
-  // (give it 360 s or more), so a run that outlasts them still ends here and prints how far each
-  // child got.
+  // The three children run at once, under a sanitizer too (which then checks each child): there they
+  // stalled at batch 0 until run_command stopped handing them this process's descriptors
+  // (docs/reliability.md, sessions 32-37). Under a sanitizer each child trains 10 steps, and the
+  // limits fit inside compute_sanitizer.sh's --timeout and a device call's deadline, so a run that
+  // outlasts them still ends here and prints how far each child got.
   const bool sanitized = !sanitizer_tool().empty();
   const int steps = sanitized ? 10 : 150, limit_s = sanitized ? 110 : 90;
-  const std::string then = sanitized ? "; " : " & ";
   std::string script;
   for (int p = 0; p < kProcesses; ++p) {
     const std::string out = (dir.path / ("out" + std::to_string(p))).string();
     script += "(timeout " + std::to_string(limit_s) + " " + GPULAB_EXE + " train --data " + dir.path.string() +
               " --pipeline gpu --depth 18 --image-size 64 --batch 24 --steps " + std::to_string(steps) +
-              " --precision bf16 --log-every 1 > " + out + " 2>&1; echo $? > " + out + ".rc)" + then;
+              " --precision bf16 --log-every 1 > " + out + " 2>&1; echo $? > " + out + ".rc) & ";
   }
   gpulab::testing::run_command(script + "wait");
   for (int p = 0; p < kProcesses; ++p) {
