@@ -111,11 +111,11 @@ TEST(TrainerPipelineGpu, ProcessesSharingTheJpegEnginesAllFinish) {
   gpulab::testing::TempDir dir("train_gpu_pipeline_processes");
   make_shapes(dir.path, 1);
   constexpr int kProcesses = 3;
-  // The three children run at once, under a sanitizer too (which then checks each child): there they
-  // stalled at batch 0 until run_command stopped handing them this process's descriptors
-  // (docs/reliability.md, sessions 32-37). Under a sanitizer each child trains 10 steps, and the
-  // limits fit inside compute_sanitizer.sh's --timeout and a device call's deadline, so a run that
-  // outlasts them still ends here and prints how far each child got.
+  // The three children run at once, under a sanitizer too (which then checks each child). There they
+  // sat at batch 0 in sessions 32-35; they finish since run_command hands them none of this
+  // process's descriptors (docs/reliability.md, sessions 36-37). Under a sanitizer each child trains
+  // 10 steps, and the limits fit inside compute_sanitizer.sh's --timeout and a device call's
+  // deadline, so a run that outlasts them still ends here and prints how far each child got.
   const bool sanitized = !sanitizer_tool().empty();
   const int steps = sanitized ? 10 : 150, limit_s = sanitized ? 110 : 90;
   std::string script;
