@@ -138,7 +138,7 @@ TEST(StepLagGpu, RunningAheadReportsAndTrainsBitForBitAsTheSynchronousLoop) {
   GPULAB_REQUIRE_GPU();
   const fs::path dir = temp_dir("step_lag");
   // Under racecheck: accumulation 2 only (its first micro-batch is an accumulation-1 step) and
-  // lag 2 only (the lag is the host's).
+  // lag 2 only (the lag is the host's). Lag 11 is more steps than the run has.
   const std::vector<int> accums = under_racecheck() ? std::vector<int>{2} : std::vector<int>{1, 2};
   const std::vector<int> lags = under_racecheck() ? std::vector<int>{2} : std::vector<int>{2, 11};
   for (const char* precision : {"fp16", "fp32"}) {
@@ -151,7 +151,7 @@ TEST(StepLagGpu, RunningAheadReportsAndTrainsBitForBitAsTheSynchronousLoop) {
       if (std::string(precision) == "fp16") {
         EXPECT_EQ(sync.steps[0].loss_scale, 65536.f);  // the loss scaler is in play
       }
-      for (int lag : lags) {  // 11: more steps than the run has
+      for (int lag : lags) {
         SCOPED_TRACE("lag " + std::to_string(lag));
         expect_same(sync, train_once(with_lag(o, lag), dir / (tag + "_" + std::to_string(lag))), o.steps);
       }
