@@ -47,3 +47,13 @@ inline bool gpus_reach_each_other(int n) {
 // sets GPULAB_SANITIZER. Its instrumentation slows every access by 10-100x and unevenly, so a claim
 // about timing (a latency ordering) says nothing there; the work and its other checks still run.
 using ::gpulab::core::sanitizer_tool;
+
+// racecheck checks every shared-memory access of every kernel, cuDNN's convolutions above all, so
+// there a tiny training run's step takes seconds and a test that trains a dozen runs, or decodes
+// a few hundred steps on several engines, outlasts a device call's 10 minutes (docs/reliability.md,
+// sessions 35-38). Under it such tests leave out work whose shared-memory code the kept work
+// executes too: runs that differ only on the host (a report lag, a repeat, the scheduler's order),
+// CUDA-graph replays checked against eager launches of the same kernels, and pairings whose parts
+// run elsewhere in the test (an optimizer kernel differs by precision only in the type of the
+// weight copy it stores). Their other checks still run on what is kept.
+inline bool under_racecheck() { return sanitizer_tool() == "racecheck"; }

@@ -352,17 +352,21 @@ std::vector<std::vector<int32_t>> sixteen_prompts() {
   return prompts;
 }
 
+// The first n of `prompts`.
+std::vector<std::vector<int32_t>> first(const std::vector<std::vector<int32_t>>& prompts, size_t n) {
+  return {prompts.begin(), prompts.begin() + static_cast<std::ptrdiff_t>(std::min(n, prompts.size()))};
+}
+
 TEST(CudaEngine, BatchedGreedyEqualsEachAlone) {
   GPULAB_REQUIRE_GPU();
   CudaEngine engine(tiny(), modest());
   const auto prompts = sixteen_prompts();
   const auto batched = greedy(engine, prompts, 24);
-  const auto alone = one_at_a_time(engine, prompts, 24);
+  // Under racecheck four prompts alone (under_racecheck): each alone runs the same one-row kernels.
+  const auto alone = one_at_a_time(engine, first(prompts, under_racecheck() ? 4 : prompts.size()), 24);
   ASSERT_EQ(batched.size(), 16u);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(batched[i].size(), 24u);
-    EXPECT_EQ(batched[i], alone[i]) << "request " << i;
-  }
+  for (const auto& tokens : batched) EXPECT_EQ(tokens.size(), 24u);
+  for (size_t i = 0; i < alone.size(); ++i) EXPECT_EQ(batched[i], alone[i]) << "request " << i;
   // Beside float32: report how far bf16 greedy follows the fixture's float32 greedy. It may
   // leave it only at a near tie, so every token must be a float32 near-argmax given the
   // engine's own prefix (float32 logits from the CPU reference, checked against the fixtures).
@@ -414,7 +418,8 @@ TEST(CudaEngine, GreedyStepPicksTheArgmaxOfTheStepsLogits) {
 TEST(CudaEngine, ContinuousBatchingInASmallPoolWithChunksAndWithoutGraphs) {
   GPULAB_REQUIRE_GPU();
   const auto source = tiny();
-  const auto prompts = sixteen_prompts();
+  // Under racecheck six prompts (under_racecheck): still twice the slots, so requests still wait.
+  const auto prompts = first(sixteen_prompts(), under_racecheck() ? 6 : 16);
   SchedulerOptions chunked;
   chunked.prefill_chunk = 32;
   CudaEngine reference(source, modest());
@@ -529,11 +534,22 @@ std::vector<std::vector<float>> teacher_forced(CudaEngine& engine, const std::ve
   return out;
 }
 
-EngineOptions decode_batch(int64_t max_batch, std::optional<bool> skinny, bool graphs = true) {
+// teacher_forced on a new engine with `opt` that launches eagerly, to compare with `replayed`, the
+// logits of its CUDA-graph replays. Under racecheck (under_racecheck) `replayed` itself: the eager
+// launches run the same kernels, and a decode step there takes seconds.
+std::vector<std::vector<float>> teacher_forced_eagerly(const WeightSource& source, EngineOptions opt,
+                                                       const std::vector<std::vector<int32_t>>& prompts,
+                                                       const std::vector<std::vector<float>>& replayed) {
+  if (under_racecheck()) return replayed;
+  opt.cuda_graphs = false;
+  CudaEngine eager(source, opt);
+  return teacher_forced(eager, prompts);
+}
+
+EngineOptions decode_batch(int64_t max_batch, std::optional<bool> skinny) {
   EngineOptions opt;
   opt.max_batch = max_batch;
   opt.skinny_gemm = skinny;
-  opt.cuda_graphs = graphs;
   return modest(opt);
 }
 
@@ -560,11 +576,12 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
   for (const auto& c : cases) prompts.push_back(c.ids);
   constexpr int64_t V = 1024;
   const CpuModel cpu(source);
+  // Under racecheck the scheduler's greedy runs are left out (under_racecheck): they launch the
+  // teacher-forced passes' kernels again, for a few hundred more steps.
   for (int64_t batch : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{16}}) {  // GEMV: 1, 2 rows
     CudaEngine skinny(source, decode_batch(batch, true)), cublas(source, decode_batch(batch, false));
-    CudaEngine eager(source, decode_batch(batch, true, false));
     const auto got = teacher_forced(skinny, prompts), want = teacher_forced(cublas, prompts);
-    const auto got_eager = teacher_forced(eager, prompts);
+    const auto got_eager = teacher_forced_eagerly(source, decode_batch(batch, true), prompts, got);
     // Above the GEMV's rows, the default runs every layer on skinny_gemm's plain-input kernel.
     std::optional<CudaEngine> mixed;
     if (batch > kernels::kGemvMaxRows) mixed.emplace(source, decode_batch(batch, std::nullopt));
@@ -585,6 +602,7 @@ TEST(CudaEngine, SkinnyGemmDecodeMatchesTheCublasPath) {
       EXPECT_LE(o.rel_l2, 5e-3) << "batch " << batch << " case " << i;
       EXPECT_EQ(got_eager[i], got[i]) << "batch " << batch << " case " << i << ": graph replay differs from eager";
     }
+    if (under_racecheck()) continue;
     // Greedy through the scheduler: the same tokens, or where they part, a float32 near tie
     // between the two (a rounding difference may tip one, not a wrong result).
     const auto prompts16 = sixteen_prompts();
@@ -628,8 +646,8 @@ std::vector<float> decode_rows(const std::vector<float>& logits, size_t prompt_t
 TEST(CudaEngine, Fp8DecodeOnSkinnyGemm) {
   GPULAB_REQUIRE_GPU();
   const auto source = tiny();
-  const auto fp8 = [](int64_t max_batch, std::optional<bool> skinny, bool graphs = true) {
-    EngineOptions opt = decode_batch(max_batch, skinny, graphs);
+  const auto fp8 = [](int64_t max_batch, std::optional<bool> skinny) {
+    EngineOptions opt = decode_batch(max_batch, skinny);
     opt.weights = WeightFormat::fp8;
     return opt;
   };
@@ -645,9 +663,10 @@ TEST(CudaEngine, Fp8DecodeOnSkinnyGemm) {
   for (const auto& c : testing::load_fixture_cases("llama_tiny")) prompts.push_back(c.ids);
   constexpr int64_t V = 1024;
   for (int64_t batch = 1; batch <= kernels::kGemvMaxRows; ++batch) {
-    CudaEngine gemv(source, fp8(batch, std::nullopt)), eager(source, fp8(batch, std::nullopt, false));
+    CudaEngine gemv(source, fp8(batch, std::nullopt));
     CudaEngine w8a8(source, fp8(batch, false)), bf16(source, decode_batch(batch, std::nullopt));
-    const auto got = teacher_forced(gemv, prompts), got_eager = teacher_forced(eager, prompts);
+    const auto got = teacher_forced(gemv, prompts);
+    const auto got_eager = teacher_forced_eagerly(source, fp8(batch, std::nullopt), prompts, got);
     const auto cublas = teacher_forced(w8a8, prompts), want = teacher_forced(bf16, prompts);
     llm::testing::Fp8Agreement weight_only, both;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -665,9 +684,9 @@ TEST(CudaEngine, Fp8DecodeOnSkinnyGemm) {
     EXPECT_LE(weight_only.worst_flip, 0.125f) << what << ": a flip outside an fp8 near tie";
   }
   for (int64_t batch : {kernels::kGemvMaxRows + 1, kernels::kSkinnyMaxRows}) {
-    CudaEngine w8a8(source, fp8(batch, std::nullopt)), eager(source, fp8(batch, std::nullopt, false));
-    CudaEngine cublas(source, fp8(batch, false));
-    const auto got = teacher_forced(w8a8, prompts), got_eager = teacher_forced(eager, prompts);
+    CudaEngine w8a8(source, fp8(batch, std::nullopt)), cublas(source, fp8(batch, false));
+    const auto got = teacher_forced(w8a8, prompts);
+    const auto got_eager = teacher_forced_eagerly(source, fp8(batch, std::nullopt), prompts, got);
     const auto want = teacher_forced(cublas, prompts);
     for (size_t i = 0; i < prompts.size(); ++i) {
       const auto rows = [&](const std::vector<float>& all) { return decode_rows(all, prompts[i].size(), V); };

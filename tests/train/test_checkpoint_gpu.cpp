@@ -70,12 +70,12 @@ RunResult run(TrainOptions o, const fs::path& dir, int64_t stop_after) {
 }
 
 // Uninterrupted twice (the run is reproducible at all), then stopped at half and resumed. Under
-// racecheck uninterrupted once (fixtures::under_racecheck): the repeat launches the same kernels.
+// racecheck uninterrupted once (under_racecheck, common/gpu.h): the repeat launches the same kernels.
 void expect_resume_bit_identical(const TrainOptions& o, const std::string& tag) {
   const fs::path dir = temp_dir(tag);
   const RunResult a = run(o, dir / "a", 0);
   std::optional<RunResult> b;
-  if (!fixtures::under_racecheck()) b = run(o, dir / "b", 0);
+  if (!under_racecheck()) b = run(o, dir / "b", 0);
   const RunResult c = run(o, dir / "c", o.steps / 2);
   fs::remove_all(dir);
   ASSERT_EQ(a.losses.size(), size_t(o.steps));

@@ -25,7 +25,6 @@ using namespace gpulab;
 using namespace gpulab::train;
 using fixtures::temp_dir;
 using fixtures::file_bytes;
-using fixtures::under_racecheck;
 namespace fs = std::filesystem;
 
 namespace {

@@ -26,8 +26,8 @@ TEST(TrainerGpu, EveryPrecisionAndOptimizerRunsOnSyntheticData) {
   for (size_t p = 0; p < std::size(precisions); ++p) {
     for (size_t k = 0; k < std::size(kinds); ++k) {
       // Under racecheck each precision trains with one optimizer, in turn, so every precision and
-      // every optimizer still runs (fixtures::under_racecheck).
-      if (fixtures::under_racecheck() && p % 3 != k) continue;
+      // every optimizer still runs (under_racecheck, common/gpu.h).
+      if (under_racecheck() && p % 3 != k) continue;
       const char* precision = precisions[p];
       const OptimizerKind kind = kinds[k];
       SCOPED_TRACE(std::string(precision) + " optimizer " + std::to_string(int(kind)));

@@ -8,18 +8,9 @@
 #include <iterator>
 #include <string>
 
-#include "core/sanitizer.h"
 #include "train/trainer.h"
 
 namespace gpulab::train::fixtures {
-
-// racecheck checks every shared-memory access of every kernel, cuDNN's convolutions above all, so
-// there a tiny run's step takes seconds and a test that trains a dozen runs outlasts a device
-// call's 10 minutes (docs/reliability.md, sessions 35-36). Under it such tests leave out runs whose
-// shared-memory code the kept runs execute too: runs that differ only on the host (a report lag, a
-// repeat), and pairings of precision and optimizer whose parts run elsewhere in the test (an
-// optimizer kernel differs by precision only in the type of the weight copy it stores).
-inline bool under_racecheck() { return core::sanitizer_tool() == "racecheck"; }
 
 // ResNet-18, 10 classes, 32 px, batch 8, 8 steps of SGD at 0.05 with 2 warmup steps.
 inline TrainOptions tiny_run() {
