@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""scripts/compute_sanitizer.sh and scripts/sanitizer_coverage.py, on a machine without a GPU.
+"""scripts/compute_sanitizer.sh, sanitizer_coverage.py and sanitizer_queues.sh, on a machine without a GPU.
 
 Stand-ins for `ctest` (it lists the gpu tests below) and `compute-sanitizer` (it prints what the
-real tool prints for each kind of run, from its documented output) go first on PATH. The scripts'
-summary lines, verdicts and coverage counts must follow from those logs. CTest runs this with the
-cpu label.
+real tool prints for each kind of run, from its documented output) go first on PATH, and for
+sanitizer_queues.sh also `cmake` and `nvidia-smi`. The scripts' summary lines, verdicts and
+coverage counts must follow from those logs. CTest runs this with the cpu label.
 """
 import os
 import re
@@ -17,6 +17,7 @@ import unittest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 COMPUTE_SANITIZER = os.path.join(ROOT, "scripts", "compute_sanitizer.sh")
 COVERAGE = os.path.join(ROOT, "scripts", "sanitizer_coverage.py")
+QUEUES = os.path.join(ROOT, "scripts", "sanitizer_queues.sh")
 TOOLS = ("memcheck", "racecheck", "initcheck")
 TESTS = ("Fake.Clean", "Fake.OneRace", "Fake.LibraryRace", "Fake.LibraryAndOurReads", "Fake.Hangs", "Fake.Skips",
          "Fake.SanitizerFails", "Fake.ChildKilled", "Fake.EndsMidTest", "Fake/Param.Named/0")
@@ -318,6 +319,49 @@ class SanitizerScripts(unittest.TestCase):
             f.write("Fake.ChildKilled racecheck 0 30 0\n")
         left = self.coverage("--left", "racecheck", "--results", later, results=results).strip()
         self.assertEqual(left, r"^(Fake\.OneRace|Fake\.LibraryRace|Fake\.Skips|Fake\.EndsMidTest)$")
+
+    def queue_call(self, call, *queues):
+        """sanitizer_queues.sh's call `call`: {queue header: {(test, tool): exit}} from its summary file."""
+        stand_ins = os.path.join(self.dir, "queue-bin")
+        os.makedirs(stand_ins, exist_ok=True)
+        write_executable(os.path.join(stand_ins, "cmake"), "#!/bin/sh\necho cmake \"$@\"\n")
+        write_executable(os.path.join(stand_ins, "nvidia-smi"), "#!/bin/sh\necho 'Fake GPU, 1 MiB'\n")
+        results = os.path.join(self.dir, "queue-results")  # nothing on record
+        os.makedirs(results, exist_ok=True)
+        out = os.path.join(self.dir, f"queue-out{call}")
+        env = dict(self.env, PATH=stand_ins + os.pathsep + self.env["PATH"], CALL=str(call), LIMIT="100", OUT=out,
+                   BUILD=self.build, RESULTS=results, QUEUES_DIR=os.path.join(self.dir, "queue-work"))
+        run = subprocess.run([QUEUES, *queues], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertEqual(sorted(os.listdir(out)), ["build.log", f"call{call}-logs.tgz", f"call{call}-memory.log",
+                                                   f"call{call}-sanitizer.txt"])
+        queues_run, header = {}, None
+        with open(os.path.join(out, f"call{call}-sanitizer.txt"), encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("## "):
+                    header = line.strip()
+                    queues_run[header] = {}
+                elif not line.startswith("compute_sanitizer.sh"):
+                    test, tool, code = line.split()[:3]
+                    queues_run[header][(test, tool)] = int(code)
+        return queues_run
+
+    def test_queues_run_beside_each_other_and_a_later_call_leaves_out_what_ran_clean(self):
+        both = r"a;memcheck racecheck;2;5;^Fake\.(Clean|OneRace)$"
+        first = self.queue_call(1, both, r"b;memcheck;1;5;^Fake\.;Clean|Race|Library|Hangs|Sanitizer|Child|Ends|Param")
+        self.assertEqual(first, {
+            r"## call 1, queue a: memcheck racecheck, --jobs 2, --timeout 5, --only '^Fake\.(Clean|OneRace)$'": {
+                ("Fake.Clean", "memcheck"): 0, ("Fake.Clean", "racecheck"): 0, ("Fake.OneRace", "memcheck"): 0,
+                ("Fake.OneRace", "racecheck"): 99},
+            r"## call 1, queue b: memcheck, --jobs 1, --timeout 5, --only '^Fake\.', --exclude "
+            r"'Clean|Race|Library|Hangs|Sanitizer|Child|Ends|Param'": {("Fake.Skips", "memcheck"): 0}})
+        # Call 2 counts call 1's clean runs, except in a queue marked `all`.
+        second = self.queue_call(2, both, r"c;memcheck;1;5;^Fake\.Clean$;;all")
+        self.assertEqual(second, {
+            r"## call 2, queue a: memcheck racecheck, --jobs 2, --timeout 5, --only '^Fake\.(Clean|OneRace)$'": {
+                ("Fake.OneRace", "racecheck"): 99},
+            r"## call 2, queue c: memcheck, --jobs 1, --timeout 5, --only '^Fake\.Clean$' (every pair, clean on "
+            r"record or not)": {("Fake.Clean", "memcheck"): 0}})
 
 
 if __name__ == "__main__":
