@@ -24,12 +24,7 @@ while (($#)); do
   esac
 done
 mkdir -p "$out"
-prefix=()
-if compgen -G ".deps/*.deb" >/dev/null; then
-  mkdir -p .deps/root
-  for f in .deps/*.deb; do dpkg -x "$f" .deps/root; done
-  prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
-fi
+mapfile -t prefix < <(scripts/unpack_device_deps.sh)  # the carried .deps, if any
 build() {  # source dir, build dir, log
   { cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" &&
     cmake --build "$2" -j "$(($(nproc) / 2))" --target gpulab; } >"$3" 2>&1

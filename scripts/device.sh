@@ -28,12 +28,7 @@ done
 # Multi-GPU machines here must never use NVLink multicast.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-prefix=()
-if compgen -G ".deps/*.deb" >/dev/null; then
-  mkdir -p .deps/root
-  for f in .deps/*.deb; do dpkg -x "$f" .deps/root; done
-  prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
-fi
+mapfile -t prefix < <(scripts/unpack_device_deps.sh)  # the carried .deps, if any
 
 {
   nvidia-smi

@@ -38,12 +38,7 @@ export NCCL_NVLS_ENABLE=0  # multi-GPU machines here must never use NVLink multi
 sampler=$!
 trap 'kill $sampler 2>/dev/null' EXIT
 
-prefix=()
-if compgen -G ".deps/*.deb" >/dev/null; then
-  mkdir -p .deps/root
-  for f in .deps/*.deb; do dpkg -x "$f" .deps/root; done
-  prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
-fi
+mapfile -t prefix < <(scripts/unpack_device_deps.sh)  # the carried .deps, if any
 (
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
   start=$(date +%s)
