@@ -441,6 +441,7 @@ TEST(CudaEngine, ContinuousBatchingInASmallPoolWithChunksAndWithoutGraphs) {
   for (size_t i = 0; i < prompts.size(); ++i) differ += alone_chunked[i] != alone[i];
   EXPECT_LE(differ, 2);
   EXPECT_EQ(constrained.kv_free_tokens(), 320);
+  if (under_racecheck()) return;  // the eager launches run the same kernels, and a step takes seconds
   EngineOptions eager;
   eager.cuda_graphs = false;
   CudaEngine no_graphs(source, modest(eager));

@@ -135,18 +135,25 @@ TEST(Fp8Engine, GreedyIsBatchIndependentAndFollowsBf16UpToNearTies) {
   GPULAB_REQUIRE_GPU();
   const WeightSource src = tiny();
   CudaEngine fp8(src, options(WeightFormat::fp8));
-  EngineOptions eager_opt = options(WeightFormat::fp8);
-  eager_opt.cuda_graphs = false;
-  CudaEngine eager(src, eager_opt);
   CudaEngine bf16(src, options(WeightFormat::bf16));
   const auto p = prompts();
   const int64_t n = 16;
   const auto together = greedy_steps(fp8, p, n);
-  EXPECT_EQ(greedy_steps(eager, p, n), together) << "CUDA graph replay differs from eager launches";
+  // Under racecheck (under_racecheck) no eager engine, and three prompts alone: the eager launches
+  // and the other prompts alone run the same kernels again, and an eager decode step takes seconds.
+  if (!under_racecheck()) {
+    EngineOptions eager_opt = options(WeightFormat::fp8);
+    eager_opt.cuda_graphs = false;
+    CudaEngine eager(src, eager_opt);
+    EXPECT_EQ(greedy_steps(eager, p, n), together) << "CUDA graph replay differs from eager launches";
+  }
+  const size_t alone = under_racecheck() ? 3 : p.size();
   const auto bf16_tokens = greedy_steps(bf16, p, n);
   int64_t same_prefix = 0, flips = 0;
   for (size_t i = 0; i < p.size(); ++i) {
-    EXPECT_EQ(greedy_steps(fp8, {p[i]}, n)[0], together[i]) << "prompt " << i << " alone differs from batched";
+    if (i < alone) {
+      EXPECT_EQ(greedy_steps(fp8, {p[i]}, n)[0], together[i]) << "prompt " << i << " alone differs from batched";
+    }
     size_t k = 0;
     while (k < together[i].size() && together[i][k] == bf16_tokens[i][k]) ++k;
     same_prefix += static_cast<int64_t>(k);
