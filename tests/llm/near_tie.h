@@ -1,6 +1,6 @@
-// How a bf16 engine's greedy tokens are judged against float32: a bf16 forward may pick another
-// token than float32 only where the two are nearly tied. Shared by the engine tests and the HTTP
-// tests that run on a GPU engine.
+// How a bf16 engine's logits and greedy tokens are judged against float32: relative L2 and top-1
+// agreement, and a bf16 forward may pick another token than float32 only where the two are nearly
+// tied. Shared by the model and engine tests and the HTTP tests that run on a GPU engine.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -21,6 +21,26 @@ inline int64_t top1(const float* row, int64_t vocab) { return std::max_element(r
 
 // The float32 margin by which `row`'s top token leads `token` (0 when `token` is the top).
 inline float fp32_gap(const float* row, int64_t vocab, int64_t token) { return row[top1(row, vocab)] - row[token]; }
+
+// How far `got` lies from `want` (each [rows, vocab]): relative L2 over all logits (infinite when
+// `got` holds a non-finite value) and the rows whose top-1 tokens agree.
+struct Agreement {
+  double rel_l2;
+  int64_t top1_agree, rows;
+};
+
+inline Agreement compare_logits(const std::vector<float>& got, const std::vector<float>& want, int64_t vocab) {
+  double num = 0, den = 0;
+  const int64_t rows = static_cast<int64_t>(want.size()) / vocab;
+  int64_t agree = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return {INFINITY, 0, rows};
+    num += (got[i] - want[i]) * double(got[i] - want[i]);
+    den += want[i] * double(want[i]);
+  }
+  for (int64_t r = 0; r < rows; ++r) agree += top1(got.data() + r * vocab, vocab) == top1(want.data() + r * vocab, vocab);
+  return {std::sqrt(num / den), agree, rows};
+}
 
 // A near tie: the float32 logits of the two tokens lie within two bf16 steps (2^-6 relative) of
 // each other. The largest margin transformers' own bf16 forward flips on the llama_tiny fixtures

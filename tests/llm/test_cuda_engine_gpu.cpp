@@ -6,8 +6,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -15,12 +13,12 @@
 #include "common/gpu.h"
 #include "core/error.h"
 #include "core/env.h"
-#include "core/safetensors.h"
 #include "kernels/skinny_gemm.h"
 #include "llm/cpu_model.h"
 #include "llm/cuda_engine.h"
 #include "llm/fixtures.h"
 #include "llm/fp8_testing.h"
+#include "llm/hf_reference.h"
 #include "llm/near_tie.h"
 #include "llm/scheduler.h"
 #include "llm/tokenizer.h"
@@ -28,27 +26,13 @@
 namespace gpulab::llm {
 namespace {
 
+using testing::Agreement;
+using testing::compare_logits;
 using testing::fp32_gap;
+using testing::hf_reference;
+using testing::HfReference;
 using testing::near_tie;
 using testing::top1;
-
-struct Agreement {
-  double rel_l2;
-  int64_t top1_agree, rows;
-};
-
-Agreement compare_logits(const std::vector<float>& got, const std::vector<float>& want, int64_t vocab) {
-  double num = 0, den = 0;
-  const int64_t rows = static_cast<int64_t>(want.size()) / vocab;
-  int64_t agree = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return {INFINITY, 0, rows};
-    num += (got[i] - want[i]) * double(got[i] - want[i]);
-    den += want[i] * double(want[i]);
-  }
-  for (int64_t r = 0; r < rows; ++r) agree += top1(got.data() + r * vocab, vocab) == top1(want.data() + r * vocab, vocab);
-  return {std::sqrt(num / den), agree, rows};
-}
 
 // Engines in these tests keep a modest KV pool, so several can live at once.
 EngineOptions modest(EngineOptions opt = {}) {
@@ -106,61 +90,6 @@ TEST_P(CudaEngineFixture, LogitsMatchTransformersFp32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngineFixture, ::testing::Values("llama_tiny", "llama_tiny_sharded"));
-
-// A random LLaMA-2-7B-shape checkpoint that transformers wrote, with the logits transformers
-// computes in float64 and its own bf16 forward's, made on the GPU machine by
-// tests/reference/hf_llama_random.py (GPULAB_HF_REFERENCE_DIR names it; its docstring says why
-// the init std is 0.01).
-struct HfReference {
-  std::vector<int32_t> ids;
-  std::vector<float> logits, logits_fp32, logits_bf16;  // transformers in float64, float32, bf16
-  std::vector<float> logits_bf16_rope;  // float64 with bf16-rounded RoPE frequencies, as the engines
-};
-
-std::optional<HfReference> hf_reference() {
-  const char* dir = std::getenv("GPULAB_HF_REFERENCE_DIR");
-  if (!dir) return std::nullopt;
-  const core::SafetensorsFile file(std::filesystem::path(dir) / "reference.safetensors");
-  const auto read = [&]<class T>(const char* name, core::DType dtype, std::vector<T>& out) {
-    const core::TensorInfo* info = file.find(name);
-    if (!info || info->dtype != dtype) throw std::runtime_error(std::string("reference.safetensors lacks ") + name);
-    out.resize(info->numel());
-    std::memcpy(out.data(), file.data(*info).data(), info->bytes());
-  };
-  HfReference ref;
-  read("ids", core::DType::i32, ref.ids);
-  read("logits", core::DType::f32, ref.logits);
-  read("logits_fp32", core::DType::f32, ref.logits_fp32);
-  read("logits_bf16_rope", core::DType::f32, ref.logits_bf16_rope);
-  read("logits_bf16", core::DType::f32, ref.logits_bf16);
-  return ref;
-}
-
-// The model definition at the 7B shape: our float32 CPU reference against transformers' float64
-// at the bar the fixtures hold it to (max abs error 1e-3 x max |logit|), both rotating by
-// bf16-rounded RoPE frequencies. That is the fixtures' convention (transformers made them from a
-// model cast with .to(bf16), which rounds the frequency buffer), and the engines follow it: the
-// CPU logits match the fixtures to 2.4e-5 (max abs) with it and to 1.4e-3 x max |logit| without. transformers 5's
-// from_pretrained keeps the frequencies in float32; how far that moves this model is printed.
-// What is left between the CUDA engine and transformers is then bf16 rounding, measured against
-// transformers' own bf16 forward below.
-TEST(CudaEngine, RandomSevenBCheckpointCpuReferenceMatchesTransformers) {
-  const std::optional<HfReference> ref = hf_reference();
-  if (!ref) GTEST_SKIP() << "GPULAB_HF_REFERENCE_DIR is not set (run tests/reference/hf_llama_random.py first)";
-  const CpuModel model(WeightSource::from_checkpoint(std::getenv("GPULAB_HF_REFERENCE_DIR")));
-  const std::vector<float> got = model.logits(ref->ids);
-  ASSERT_EQ(got.size(), ref->logits.size());
-  const auto [max_err, max_ref] = testing::max_abs_error(got, ref->logits_bf16_rope);
-  const int64_t V = model.config().vocab_size;
-  const Agreement a = compare_logits(got, ref->logits_bf16_rope, V);
-  std::printf("random 7B checkpoint, CPU float32 vs transformers float64 (bf16 RoPE frequencies): max abs %.3e of "
-              "max |logit| %.3f, rel L2 %.2e, top-1 %lld/%lld\n", max_err, max_ref, a.rel_l2, (long long)a.top1_agree,
-              (long long)a.rows);
-  std::printf("  transformers float32 vs float64: max abs %.3e; float32 RoPE frequencies (from_pretrained) vs bf16 "
-              "ones, both float64: max abs %.3e\n", testing::max_abs_error(ref->logits_fp32, ref->logits).first,
-              testing::max_abs_error(ref->logits, ref->logits_bf16_rope).first);
-  EXPECT_LE(max_err, 1e-3f * max_ref);
-}
 
 // The bar (relative L2 2e-2) and, since a random model's top two logits are often
 // closer than bf16 rounding moves them (transformers' own bf16 forward flipped 3 of 64 against

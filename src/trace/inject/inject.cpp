@@ -41,6 +41,10 @@ void warn(const char* what, CUptiResult status) {
   const char* text = nullptr;
   cuptiGetResultString(status, &text);
   std::fprintf(stderr, "gpulab trace: %s failed: %s\n", what, text ? text : "unknown CUPTI error");
+  // CUPTI's API as used here takes one subscriber a process, and the NVIDIA tools are one.
+  if (status == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+    std::fprintf(stderr, "gpulab trace: another CUPTI tool holds this process (Nsight Systems or Compute, "
+                         "compute-sanitizer, cuda-gdb, a framework's profiler): trace it without that tool\n");
 }
 
 bool cupti_ok(CUptiResult status, const char* what) {
