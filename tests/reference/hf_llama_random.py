@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes a random LLaMA checkpoint with transformers (seeded, bf16 safetensors, LLaMA-2-7B shape by
-default) and the logits transformers computes for a fixed prompt, for the gpu tests
-CudaEngine.RandomSevenBCheckpoint*. Run on the GPU machine:
+default) and the logits transformers computes for a fixed prompt, for the tests
+CudaEngine.RandomSevenBCheckpointMatchesTransformers (gpu) and
+CpuModel.RandomSevenBCheckpointMatchesTransformers (cpu, 38 GiB of host memory). Run on the GPU
+machine, with test_llm_gpu and test_llm_cpu built:
 
     python3 tests/reference/hf_llama_random.py --out /tmp/llama7b-random
     GPULAB_HF_REFERENCE_DIR=/tmp/llama7b-random ctest --test-dir build-device -R RandomSevenB --output-on-failure
