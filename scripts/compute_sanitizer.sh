@@ -16,8 +16,9 @@
 # Logs go to $OUT/compute-sanitizer/ (or DIR/compute-sanitizer/); summary.txt has one line per run:
 # test, tool, exit status, seconds, errors (a test that skipped, failed, or gave no verdict says so:
 # the tool's exit status 99 hides the program's). Exit 1 when any run
-# reports an error or fails; timeouts (124) and runs where the sanitizer itself failed (125,
-# "Internal Sanitizer Error", as when runs beside it took the GPU's memory) are listed, not judged.
+# reports an error or fails; timeouts (124) and runs where the sanitizer itself failed or checked
+# nothing (125: "Internal Sanitizer Error", as when runs beside it took the GPU's memory, or "No
+# attachable process found", a program with no CUDA call) are listed, not judged.
 # --deadline S ends the whole pass S seconds after it starts (a device call's own limit): a run
 # still going then ends as a timeout, and the runs not started by then are listed as not run.
 # --shortest-first DIR (with a deadline, more runs finish): runs start in the order of their last
@@ -188,6 +189,9 @@ EOF
   # The sanitizer itself ran out of GPU memory (runs beside it took it): launches went unchecked
   # and the run says nothing about the test, so it is marked and not judged.
   grep -q 'Internal Sanitizer Error' "$log" && code=125 note="$errors (sanitizer internal error: not judged)"
+  # No process made a CUDA call within the tool's --launch-timeout (10 s): it checked nothing and
+  # exits 255 whatever the test did (session 40: a test of CPU code only). Not judged either.
+  grep -q 'No attachable process found' "$log" && code=125 note="$errors (no CUDA call to check: not judged)"
   note+=$(launched_by "$log")
   # gtest's verdict, which the tool's exit status (99 once it reported anything) hides. A program
   # that ended mid-test prints none: racecheck runs several at once ended so in sessions 35-36, with

@@ -20,7 +20,7 @@ COVERAGE = os.path.join(ROOT, "scripts", "sanitizer_coverage.py")
 QUEUES = os.path.join(ROOT, "scripts", "sanitizer_queues.sh")
 TOOLS = ("memcheck", "racecheck", "initcheck")
 TESTS = ("Fake.Clean", "Fake.OneRace", "Fake.LibraryRace", "Fake.LibraryAndOurReads", "Fake.Hangs", "Fake.Skips",
-         "Fake.SanitizerFails", "Fake.ChildKilled", "Fake.EndsMidTest", "Fake/Param.Named/0")
+         "Fake.SanitizerFails", "Fake.NoCudaCall", "Fake.ChildKilled", "Fake.EndsMidTest", "Fake/Param.Named/0")
 
 # Lists TESTS as `ctest -L gpu --show-only=json-v1` does: one command per test.
 FAKE_CTEST = """#!/usr/bin/env python3
@@ -85,6 +85,11 @@ case "$name/$tool" in
     clean ;;
   Fake.SanitizerFails/initcheck)
     echo "========= Internal Sanitizer Error: The Sanitizer encountered an error while launching the application"
+    exit 255 ;;
+  Fake.NoCudaCall/memcheck)  # as session 40's CPU-only 7B test: passed, and the tool never attached
+    echo "========= Error: No attachable process found. compute-sanitizer timed-out."
+    echo "========= Default timeout can be adjusted with --launch-timeout. Awaiting target completion."
+    passed
     exit 255 ;;
   Fake.ChildKilled/racecheck)
     echo "[  FAILED  ] Fake.ChildKilled (3 ms)"
@@ -187,6 +192,9 @@ class SanitizerScripts(unittest.TestCase):
         self.assertEqual(code, 125)
         self.assertIn("not judged", note)
 
+    def test_a_program_with_no_cuda_call_is_not_judged(self):
+        self.assertEqual(self.row("Fake.NoCudaCall", "memcheck"), (125, "0 (no CUDA call to check: not judged)"))
+
     def test_a_killed_child_is_a_failure_not_a_report(self):
         self.assertEqual(self.row("Fake.ChildKilled", "racecheck"), (1, "0 (test failed)"))
 
@@ -221,7 +229,7 @@ class SanitizerScripts(unittest.TestCase):
                           self.stdout)
         self.assertIsNotNone(total, self.stdout)
         # Failures: OneRace, LibraryRace, LibraryAndOurReads, ChildKilled, EndsMidTest.
-        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 5, 1, 1, 0))
+        self.assertEqual(tuple(map(int, total.groups())), (len(TESTS) * len(TOOLS), 5, 1, 2, 0))
 
     def test_a_deadline_ends_the_running_run_and_lists_the_rest_as_not_run(self):
         status, stdout, _logs, rows = self.run_script("deadline", "--tools", "memcheck racecheck", "--jobs", "1",
@@ -303,12 +311,13 @@ class SanitizerScripts(unittest.TestCase):
                   for m in re.finditer(r"^(memcheck|synccheck|initcheck|racecheck)\s+(\d+)\s+(\d+)\s+(\d+)$",
                                        table, re.M)}
         n = len(TESTS)
-        # Never clean: Skips under every tool; Hangs under memcheck; OneRace, LibraryRace (a library's
-        # report is still a report), ChildKilled and EndsMidTest under racecheck; LibraryAndOurReads
-        # and SanitizerFails under initcheck; synccheck never ran. "Library only" under racecheck:
-        # LibraryRace and the added Skips run; EndsMidTest's reports are a library's too, but its
-        # test gave no verdict. They are still left for --left, which asks for clean runs.
-        self.assertEqual(counts, {"memcheck": (n - 2, 0, 2), "synccheck": (0, 0, n), "initcheck": (n - 3, 0, 3),
+        # Never clean: Skips under every tool; Hangs and NoCudaCall under memcheck; OneRace,
+        # LibraryRace (a library's report is still a report), ChildKilled and EndsMidTest under
+        # racecheck; LibraryAndOurReads and SanitizerFails under initcheck; synccheck never ran.
+        # "Library only" under racecheck: LibraryRace and the added Skips run; EndsMidTest's reports
+        # are a library's too, but its test gave no verdict. They are still left for --left, which
+        # asks for clean runs.
+        self.assertEqual(counts, {"memcheck": (n - 3, 0, 3), "synccheck": (0, 0, n), "initcheck": (n - 3, 0, 3),
                                   "racecheck": (n - 5, 2, 3)}, table)
         left = self.coverage("--left", "racecheck", results=results).strip()
         self.assertEqual(left, r"^(Fake\.OneRace|Fake\.LibraryRace|Fake\.Skips|Fake\.ChildKilled|Fake\.EndsMidTest)$")
@@ -348,13 +357,14 @@ class SanitizerScripts(unittest.TestCase):
 
     def test_queues_run_beside_each_other_and_a_later_call_leaves_out_what_ran_clean(self):
         both = r"a;memcheck racecheck;2;5;^Fake\.(Clean|OneRace)$"
-        first = self.queue_call(1, both, r"b;memcheck;1;5;^Fake\.;Clean|Race|Library|Hangs|Sanitizer|Child|Ends|Param")
+        others = r"b;memcheck;1;5;^Fake\.;Clean|Race|Library|Hangs|Sanitizer|NoCuda|Child|Ends|Param"
+        first = self.queue_call(1, both, others)
         self.assertEqual(first, {
             r"## call 1, queue a: memcheck racecheck, --jobs 2, --timeout 5, --only '^Fake\.(Clean|OneRace)$'": {
                 ("Fake.Clean", "memcheck"): 0, ("Fake.Clean", "racecheck"): 0, ("Fake.OneRace", "memcheck"): 0,
                 ("Fake.OneRace", "racecheck"): 99},
             r"## call 1, queue b: memcheck, --jobs 1, --timeout 5, --only '^Fake\.', --exclude "
-            r"'Clean|Race|Library|Hangs|Sanitizer|Child|Ends|Param'": {("Fake.Skips", "memcheck"): 0}})
+            r"'Clean|Race|Library|Hangs|Sanitizer|NoCuda|Child|Ends|Param'": {("Fake.Skips", "memcheck"): 0}})
         # Call 2 counts call 1's clean runs, except in a queue marked `all`.
         second = self.queue_call(2, both, r"c;memcheck;1;5;^Fake\.Clean$;;all")
         self.assertEqual(second, {
