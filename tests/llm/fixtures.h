@@ -38,13 +38,19 @@ inline std::pair<float, float> max_abs_error(const std::vector<float>& got, cons
   return {err, ref};
 }
 
-inline std::vector<float> load_f32(const core::SafetensorsFile& tensors, const std::string& name) {
+// A tensor of `dtype` (T's type) copied out of `tensors`; throws when it is missing or of another type.
+template <class T>
+std::vector<T> load_tensor(const core::SafetensorsFile& tensors, const std::string& name, core::DType dtype) {
   const core::TensorInfo* info = tensors.find(name);
-  if (!info || info->dtype != core::DType::f32) throw std::runtime_error("fixture tensor " + name + " missing");
+  if (!info || info->dtype != dtype) throw std::runtime_error("fixture tensor " + name + " missing");
   const auto bytes = tensors.data(*info);
-  std::vector<float> out(bytes.size() / sizeof(float));
+  std::vector<T> out(bytes.size() / sizeof(T));
   std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
+}
+
+inline std::vector<float> load_f32(const core::SafetensorsFile& tensors, const std::string& name) {
+  return load_tensor<float>(tensors, name, core::DType::f32);
 }
 
 inline std::vector<FixtureCase> load_fixture_cases(const std::string& name) {

@@ -5,15 +5,13 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <optional>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/safetensors.h"
+#include "llm/fixtures.h"
 
 namespace gpulab::llm::testing {
 
@@ -32,18 +30,12 @@ inline std::optional<HfReference> hf_reference() {
   const char* dir = std::getenv("GPULAB_HF_REFERENCE_DIR");
   if (!dir) return std::nullopt;
   const core::SafetensorsFile file(std::filesystem::path(dir) / "reference.safetensors");
-  const auto read = [&]<class T>(const char* name, core::DType dtype, std::vector<T>& out) {
-    const core::TensorInfo* info = file.find(name);
-    if (!info || info->dtype != dtype) throw std::runtime_error(std::string("reference.safetensors lacks ") + name);
-    out.resize(info->numel());
-    std::memcpy(out.data(), file.data(*info).data(), info->bytes());
-  };
   HfReference ref;
-  read("ids", core::DType::i32, ref.ids);
-  read("logits", core::DType::f32, ref.logits);
-  read("logits_fp32", core::DType::f32, ref.logits_fp32);
-  read("logits_bf16_rope", core::DType::f32, ref.logits_bf16_rope);
-  read("logits_bf16", core::DType::f32, ref.logits_bf16);
+  ref.ids = load_tensor<int32_t>(file, "ids", core::DType::i32);
+  ref.logits = load_f32(file, "logits");
+  ref.logits_fp32 = load_f32(file, "logits_fp32");
+  ref.logits_bf16_rope = load_f32(file, "logits_bf16_rope");
+  ref.logits_bf16 = load_f32(file, "logits_bf16");
   return ref;
 }
 

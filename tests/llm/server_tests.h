@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/gpu.h"
 #include "common/http_client.h"
-#include "core/sanitizer.h"
 #include "fixtures.h"
 #include "llm/cpu_model.h"
 #include "llm/engine.h"
@@ -134,7 +134,7 @@ TEST_P(ServerTest, SixtyFourConcurrentStreamsEqualTheirNonStreamedResults) {
   // Under racecheck (tests/common/gpu.h says why) 8 clients: the one-by-one replays below are most
   // of the decode steps. 8 still batch; their decode GEMMs run on skinny_gemm, where 64's batches
   // of more than 16 run on cuBLAS (the engine tests run both paths under racecheck).
-  const int kClients = core::sanitizer_tool() == "racecheck" ? 8 : 64;
+  const int kClients = under_racecheck() ? 8 : 64;
   std::vector<std::string> streamed(kClients), finish(kClients);
   std::vector<std::thread> clients;
   auto body = [](int i, bool stream) {
