@@ -29,9 +29,12 @@
 # Both may be given more than once (bench/results and the session's own earlier summaries).
 # Runs share each GPU: the engine tests size their KV pools from free memory, so keep --jobs at
 # about 2 per GPU (session 7: 6 runs on one GPU failed 45 tests with out-of-memory). They share the
-# host's memory too: racecheck on the training tests wants --jobs 1 on a 128 GiB machine (session
-# 36: two at once used it all), and nothing heavy beside it (session 38: one took 83.4 GiB). Each
-# summary line gives a run's host memory peak from 0.5 GiB (not of a run the timeout ended).
+# host's memory too: racecheck holds about 11 MiB for each launch until the host waits for the GPU
+# (scripts/racecheck_launch_memory_probe.cu), so one training test took up to 122.6 GiB of a 128 GiB
+# machine (sessions 36-41) until the ResNet waited at each layer under it (core::wait_under_racecheck:
+# three at once then used 9 GiB, session 41). Other code that launches long runs between waits may
+# still want --jobs 1. Each summary line gives a run's host memory peak from 0.5 GiB (not of a run
+# the timeout ended).
 # synccheck leaves the libraries' kernels (NCCL, cuDNN, cuBLAS, nvJPEG) out unless
 # --library-kernels: NCCL's ring kernels reach barriers from divergent threads by design
 # (session 10: 7,000-17,000 reports a multi-GPU test), which would hide one of ours; they still

@@ -21,6 +21,11 @@ bool under_initcheck() {
   return initcheck;
 }
 
+bool under_racecheck() {
+  static const bool racecheck = sanitizer_tool() == "racecheck";
+  return racecheck;
+}
+
 }  // namespace
 
 void zero_library_result_under_initcheck(void* result, size_t bytes, cudaStream_t stream) {
@@ -31,6 +36,13 @@ void zero_library_workspace_under_initcheck(void* workspace, size_t bytes) {
   if (!under_initcheck() || bytes == 0) return;
   GPULAB_CHECK(cudaMemset(workspace, 0, bytes));
   GPULAB_CHECK(cudaDeviceSynchronize());  // the library's streams do not wait for the legacy one
+}
+
+void wait_under_racecheck(cudaStream_t stream) {
+  if (!under_racecheck()) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  GPULAB_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) GPULAB_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace gpulab::core

@@ -25,4 +25,12 @@ void zero_library_result_under_initcheck(void* result, size_t bytes, cudaStream_
 // stays written for initcheck. Outside initcheck it does nothing.
 void zero_library_workspace_under_initcheck(void* workspace, size_t bytes);
 
+// racecheck holds about 11 MiB of host memory for every launch since the host last waited for the
+// GPU, and gives it back only then (scripts/racecheck_launch_memory_probe.cu, session 41): a
+// training step of a thousand launches queued behind the last one held tens of GiB, and two such
+// runs used up a 128 GiB machine. Under racecheck only, this waits for `stream` (unless it is being
+// captured into a graph), so that code which launches many kernels between its own waits calls it
+// now and then. Elsewhere it does nothing.
+void wait_under_racecheck(cudaStream_t stream);
+
 }  // namespace gpulab::core

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/sanitizer.h"
 #include "kernels/argmax.h"
 #include "kernels/attention.h"
 #include "kernels/bias_add.h"
@@ -301,6 +302,7 @@ struct CudaEngine::Impl {
       fill_random_kernel<<<std::min<int64_t>((n + 255) / 256, 8192), 256, 0, *stream>>>(
           static_cast<bf16*>(dst), n, runs.length, runs.first, runs.stride, random_fill(name, src.seed()));
       GPULAB_CHECK_LAUNCH();
+      core::wait_under_racecheck(*stream);  // a 7B model is 291 such launches (core/sanitizer.h)
     } else {
       const std::vector<uint16_t> v = src.load_bf16(name, slice);
       copy_up(dst, v.data(), n * 2);
@@ -538,6 +540,7 @@ struct CudaEngine::Impl {
     };
     kernels::embedding(x.get(), DType::f32, w(embed), kAct, dmeta(meta_at.ids), n, h, *stream);
     for (int64_t l = 0; l < c.num_layers; ++l) {
+      core::wait_under_racecheck(*stream);  // a layer's launches at a time (core/sanitizer.h)
       const Layer& L = layers[l];
       if (skinny) {
         skinny_linear(L.qkv, normed(L.attn_norm), qkv.get(), kAct, n, 0.f);

@@ -804,6 +804,7 @@ void ResNet::Impl::conv_direction(const ConvLayer& L, ConvLayout layout, ConvOpe
 // Conv, BN, and the ReLU (after adding the shortcut, for a block's last conv; the shortcut's
 // conv runs first). Output: L.out, or the block output for a block's last conv.
 void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
+  core::wait_under_racecheck(s);  // a layer's few launches at a time: what racecheck holds stays small
   const float one = 1.f, zero = 0.f;
   conv_direction(L, L.algos.fwd.layout, kConvY, {L.in, L.w_work, nullptr}, L.conv_out.get(), 0.f, s,
                  [&](const ConvDescs& d, const ConvData& in, void* y, const float* beta) {
@@ -857,6 +858,7 @@ void ResNet::Impl::conv_forward(ConvLayer& L, bool training, cudaStream_t s) {
 // d_out), weight gradient, and the input gradient into d_in scaled by beta_in (0: write,
 // 1: add).
 void ResNet::Impl::conv_backward(ConvLayer& L, bool accumulate, float beta_in, cudaStream_t s) {
+  core::wait_under_racecheck(s);  // as in conv_forward
   const int64_t n = int64_t(opt.batch) * L.out_h * L.out_w * L.spec.out;
   const cudnnBatchNormOps_t ops = bn_ops(L);
   if (ops == CUDNN_BATCHNORM_OPS_BN && (L.residual || L.spec.relu)) {

@@ -1,0 +1,77 @@
+// How much host memory does compute-sanitizer's racecheck hold for launches the host has not yet
+// synchronised with? The training and 7B engine tests under racecheck took 26-125 GiB of host memory (sessions
+// 36-40). This probe launches a tiny kernel LAUNCHES times, waiting for the GPU every SYNC_EVERY
+// launches (0: once, at the end) with cudaDeviceSynchronize (`device`) or cudaStreamSynchronize on
+// its stream (`stream`), with BLOCKS_PER_SM blocks a SM (default 2), and prints its own resident
+// memory every 250 launches.
+// Build and run on an sm_90 GPU:
+//   nvcc -O2 -arch=sm_90 -o probe scripts/racecheck_launch_memory_probe.cu
+//   compute-sanitizer --tool racecheck ./probe 3000 0        # session 41: 31.5 GiB
+//   compute-sanitizer --tool racecheck ./probe 3000 100      # session 41: 1.9 GiB, flat
+//   compute-sanitizer --tool racecheck ./probe 1500 100 stream  # session 41: as flat as `device`
+// Not yet run: whether the memory a launch holds grows with its grid (BLOCKS_PER_SM 2 against 64).
+// Session 41 also found CUDA_LAUNCH_BLOCKING=1 no help (33 GiB with SYNC_EVERY 0): the launches
+// finish one by one, but the tool holds each until the host waits for the GPU.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#define CHECK(x)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (x);                                                                         \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));                        \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+__global__ void axpy(int n, float a, const float* x, float* y) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+
+long resident_mib() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+  while (f && std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmRSS: %ld", &kib) == 1) break;
+  if (f) std::fclose(f);
+  return kib / 1024;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s LAUNCHES SYNC_EVERY [device|stream] [BLOCKS_PER_SM]\n", argv[0]);
+    return 2;
+  }
+  const int launches = std::atoi(argv[1]), sync_every = std::atoi(argv[2]);
+  const bool stream_sync = argc > 3 && std::strcmp(argv[3], "stream") == 0;
+  const int blocks_per_sm = argc > 4 ? std::atoi(argv[4]) : 2;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int blocks = blocks_per_sm * sms, n = blocks * 256;
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  float *x, *y;
+  CHECK(cudaMalloc(&x, n * sizeof(float)));
+  CHECK(cudaMalloc(&y, n * sizeof(float)));
+  CHECK(cudaMemset(x, 0, n * sizeof(float)));
+  CHECK(cudaMemset(y, 0, n * sizeof(float)));
+  CHECK(cudaDeviceSynchronize());
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::printf("start: resident %ld MiB\n", resident_mib());
+  for (int i = 1; i <= launches; ++i) {
+    axpy<<<blocks, 256, 0, stream>>>(n, 1.0001f, x, y);
+    CHECK(cudaGetLastError());
+    if (sync_every && i % sync_every == 0) CHECK(stream_sync ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize());
+    if (i % 250 == 0) std::printf("%d launches, %.1f s: resident %ld MiB\n", i, seconds(), resident_mib());
+  }
+  CHECK(cudaDeviceSynchronize());
+  std::printf("synchronised, %.1f s: resident %ld MiB\n", seconds(), resident_mib());
+  return 0;
+}
