@@ -1,9 +1,9 @@
 // How much host memory does compute-sanitizer's racecheck hold for launches the host has not yet
-// synchronised with? The training and 7B engine tests under racecheck took 26-125 GiB of host memory (sessions
-// 36-40). This probe launches a tiny kernel LAUNCHES times, waiting for the GPU every SYNC_EVERY
-// launches (0: once, at the end) with cudaDeviceSynchronize (`device`) or cudaStreamSynchronize on
-// its stream (`stream`), with BLOCKS_PER_SM blocks a SM (default 2), and prints its own resident
-// memory every 250 launches.
+// synchronised with? The training and 7B engine tests under racecheck took 26-125 GiB of host
+// memory (sessions 36-40). This probe launches a tiny kernel LAUNCHES times, waiting for the GPU
+// every SYNC_EVERY launches (0: once, at the end) with cudaDeviceSynchronize (`device`) or
+// cudaStreamSynchronize on its stream (`stream`), with BLOCKS_PER_SM blocks a SM (default 2), and
+// prints its own resident memory every 250 launches.
 // Build and run on an sm_90 GPU:
 //   nvcc -O2 -arch=sm_90 -o probe scripts/racecheck_launch_memory_probe.cu
 //   compute-sanitizer --tool racecheck ./probe 3000 0        # session 41: 31.5 GiB
