@@ -23,7 +23,7 @@ struct Options {
   std::string json_path;                // write the results here when not empty
   std::string html_path;                // write an HTML report (roofline, charts) here when not empty
   std::vector<std::string> only;         // gemm: run only these variants (all when empty)
-  std::vector<int64_t> sizes;            // gemm: square sizes instead of the suite's list
+  std::vector<int64_t> sizes;            // gemm: square sizes instead of the suite's list; power: the first
 };
 
 // What a suite runs with, and where its rows go.

@@ -1,5 +1,6 @@
-// gpulab bench power: NVML board power while cuBLASLt bf16 GEMMs (8192³) keep the GPU busy, and
-// the TFLOP/s per watt that gives. The GEMM's result is verified first, like in the gemm suite.
+// gpulab bench power: NVML board power while cuBLASLt bf16 GEMMs (8192³, or --sizes' first) keep the
+// GPU busy, and the TFLOP/s per watt that gives. The GEMM's result is verified first, like in the
+// gemm suite.
 #include <chrono>
 
 #include "bench/gemm_data.h"
@@ -21,7 +22,8 @@ void run_power_suite(Context& ctx) {
     return;
   }
   using core::DType;
-  constexpr int64_t n = 8192;
+  const int64_t n = ctx.options().sizes.empty() ? 8192 : ctx.options().sizes.front();
+  const std::string gemm = "bf16_gemm_" + std::to_string(n);
   const uint64_t elems = uint64_t(n) * n;
   core::Stream stream;
   blas::Blas blas;
@@ -66,11 +68,11 @@ void run_power_suite(Context& ctx) {
   const nlohmann::json params = {{"m", n}, {"n", n}, {"k", n}, {"seconds", seconds}, {"power_samples", steady.size()},
                                  {"temperature_c_max", temps.empty() ? 0.0 : summarize(temps).max},
                                  {"sm_clock_mhz_during", clock_during ? int(*clock_during) : -1}};
-  ctx.add(make_row("power", "bf16_gemm_8192_tflops", "throughput", "TFLOP/s", t, ctx.datasheet().bf16_tflops, params));
-  ctx.add(make_row("power", "bf16_gemm_8192_board_power", "power", "W", w, ctx.datasheet().tdp_watts, params));
+  ctx.add(make_row("power", gemm + "_tflops", "throughput", "TFLOP/s", t, ctx.datasheet().bf16_tflops, params));
+  ctx.add(make_row("power", gemm + "_board_power", "power", "W", w, ctx.datasheet().tdp_watts, params));
   std::vector<double> per_watt;
   for (double x : tflops) per_watt.push_back(x / w.median);
-  ctx.add(make_row("power", "bf16_gemm_8192_tflops_per_watt", "efficiency", "TFLOP/s/W", summarize(per_watt), std::nullopt, params));
+  ctx.add(make_row("power", gemm + "_tflops_per_watt", "efficiency", "TFLOP/s/W", summarize(per_watt), std::nullopt, params));
   if (ctx.device().mig_enabled.value_or(false)) ctx.note("MIG is on: board power covers every instance, not only this one");
   ctx.note("% peak of power is of the datasheet TDP");
   ctx.finish("power");

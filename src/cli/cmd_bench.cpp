@@ -33,7 +33,8 @@ void add_bench_command(CLI::App& app, Runner& run) {
   sub->add_option("--only", opt->options.only, "gemm: run only these variants, comma-separated (row names without the size; unknown names list the valid ones)")
       ->delimiter(',')
       ->allow_extra_args(false);  // one value (comma-separated) per use, so a suite name after it stays a suite
-  sub->add_option("--sizes", opt->options.sizes, "gemm: square sizes m = n = k, comma-separated, instead of 512..16384")
+  sub->add_option("--sizes", opt->options.sizes, "gemm: square sizes m = n = k, comma-separated, instead of 512..16384; power: its GEMM's size "
+                 "(the first), instead of 8192")
       ->delimiter(',')
       ->allow_extra_args(false);
   sub->add_option("--device", opt->options.device, "CUDA device index for single-GPU suites")->capture_default_str();
