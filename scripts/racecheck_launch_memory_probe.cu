@@ -19,14 +19,12 @@
 #include <cstdlib>
 #include <cstring>
 
-#define CHECK(x)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));                        \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+void check(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return;
+  std::fprintf(stderr, "%s failed: %s\n", call, cudaGetErrorString(status));
+  std::exit(1);
+}
+#define CHECK(x) check((x), #x)
 
 __global__ void axpy(int n, float a, const float* x, float* y) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
