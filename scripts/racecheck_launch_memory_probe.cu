@@ -3,15 +3,18 @@
 // memory (sessions 36-40). This probe launches a tiny kernel LAUNCHES times, waiting for the GPU
 // every SYNC_EVERY launches (0: once, at the end) with cudaDeviceSynchronize (`device`) or
 // cudaStreamSynchronize on its stream (`stream`), with BLOCKS_PER_SM blocks a SM (default 2), and
-// prints its own resident memory every 250 launches.
+// prints its own resident memory every 250 launches. `graph` runs the kernels 50 at a time as one
+// CUDA graph replayed (stream waits; SYNC_EVERY a multiple of 50), as `gpulab train --cuda-graph`
+// replays a training step.
 // Build and run on an sm_90 GPU:
 //   nvcc -O2 -arch=sm_90 -o probe scripts/racecheck_launch_memory_probe.cu
 //   compute-sanitizer --tool racecheck ./probe 3000 0        # session 41: 31.5 GiB
 //   compute-sanitizer --tool racecheck ./probe 3000 100      # session 41: 1.9 GiB, flat
 //   compute-sanitizer --tool racecheck ./probe 1500 100 stream  # session 41: as flat as `device`
-// Not yet run: whether the memory a launch holds grows with its grid (BLOCKS_PER_SM 2 against 64).
-// Session 41 also found CUDA_LAUNCH_BLOCKING=1 no help (33 GiB with SYNC_EVERY 0): the launches
-// finish one by one, but the tool holds each until the host waits for the GPU.
+// Session 41 also found CUDA_LAUNCH_BLOCKING=1 no help (32.7 GiB with SYNC_EVERY 0): the launches
+// finish one by one, but the tool holds each until the host waits for the GPU. Not yet run:
+// whether what a launch holds grows with its grid (BLOCKS_PER_SM 2 against 64), and whether a
+// graph's kernels are held as launches are (`3000 0 graph` against `3000 0 stream`).
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -43,11 +46,12 @@ long resident_mib() {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s LAUNCHES SYNC_EVERY [device|stream] [BLOCKS_PER_SM]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s LAUNCHES SYNC_EVERY [device|stream|graph] [BLOCKS_PER_SM]\n", argv[0]);
     return 2;
   }
   const int launches = std::atoi(argv[1]), sync_every = std::atoi(argv[2]);
-  const bool stream_sync = argc > 3 && std::strcmp(argv[3], "stream") == 0;
+  const bool graph = argc > 3 && std::strcmp(argv[3], "graph") == 0;
+  const bool stream_sync = graph || (argc > 3 && std::strcmp(argv[3], "stream") == 0);
   const int blocks_per_sm = argc > 4 ? std::atoi(argv[4]) : 2;
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -59,13 +63,28 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&y, n * sizeof(float)));
   CHECK(cudaMemset(x, 0, n * sizeof(float)));
   CHECK(cudaMemset(y, 0, n * sizeof(float)));
+  constexpr int kGraphKernels = 50;
+  cudaGraphExec_t replay = nullptr;
+  if (graph) {
+    cudaGraph_t captured;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kGraphKernels; ++i) axpy<<<blocks, 256, 0, stream>>>(n, 1.0001f, x, y);
+    CHECK(cudaStreamEndCapture(stream, &captured));
+    CHECK(cudaGraphInstantiate(&replay, captured, 0));
+    CHECK(cudaGraphDestroy(captured));
+  }
   CHECK(cudaDeviceSynchronize());
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   std::printf("start: resident %ld MiB\n", resident_mib());
-  for (int i = 1; i <= launches; ++i) {
-    axpy<<<blocks, 256, 0, stream>>>(n, 1.0001f, x, y);
-    CHECK(cudaGetLastError());
+  const int step = graph ? kGraphKernels : 1;  // kernels a launch runs
+  for (int i = step; i <= launches; i += step) {
+    if (graph) {
+      CHECK(cudaGraphLaunch(replay, stream));
+    } else {
+      axpy<<<blocks, 256, 0, stream>>>(n, 1.0001f, x, y);
+      CHECK(cudaGetLastError());
+    }
     if (sync_every && i % sync_every == 0) CHECK(stream_sync ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize());
     if (i % 250 == 0) std::printf("%d launches, %.1f s: resident %ld MiB\n", i, seconds(), resident_mib());
   }

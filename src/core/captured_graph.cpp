@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/sanitizer.h"
 
 namespace gpulab::core {
 
@@ -31,6 +32,11 @@ void CapturedGraph::capture(cudaStream_t stream, const std::function<void()>& en
   GPULAB_CHECK(cudaGraphUpload(exec_, stream));  // the first replay then costs what the others do
 }
 
-void CapturedGraph::launch(cudaStream_t stream) const { GPULAB_CHECK(cudaGraphLaunch(exec_, stream)); }
+void CapturedGraph::launch(cudaStream_t stream) const {
+  GPULAB_CHECK(cudaGraphLaunch(exec_, stream));
+  // A training step's graph is ~3,000 kernels: if racecheck holds them as it holds launches (not
+  // yet measured, scripts/racecheck_launch_memory_probe.cu's `graph`), one replay at a time.
+  wait_under_racecheck(stream);
+}
 
 }  // namespace gpulab::core
