@@ -79,7 +79,9 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   o.data = dir.string();
   o.image_size = 64;
   o.batch = 24;
-  o.steps = 150;
+  // Under racecheck 12 steps, every file read once, and the learning is not judged: 150 steps of
+  // the same kernels took it far past its 560 s (under_racecheck, common/gpu.h).
+  o.steps = under_racecheck() ? 12 : 150;
   // The reference recipe's 0.1 is per 256 images; at 24 the classifier's step (lr x |features|^2,
   // 512 features) overshoots: at 0.1 the loss rose during warmup (first 10 steps 4.85 > ln 6).
   o.schedule.base = 0.02;
@@ -90,9 +92,11 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   const TrainReport r = run_training(o, [&](const StepReport& s) { losses.push_back(s.loss); });
   fs::remove_all(dir);
   EXPECT_EQ(r.classes, 6);
-  EXPECT_GE(r.corrupt_skipped, 1);  // 150 steps x 24 images cover the 240 files many times
+  EXPECT_GE(r.corrupt_skipped, 1);  // 12 steps of 24 images read all 240 files, 150 many times
   ASSERT_EQ(r.corrupt_files.size(), 1u);
   EXPECT_EQ(r.corrupt_files[0], victim.string());
+  EXPECT_EQ(r.val_images, 60);
+  if (under_racecheck()) return;
   double first = 0, last = 0;
   for (int i = 0; i < 10; ++i) {
     first += losses[i];
@@ -112,7 +116,6 @@ TEST(TrainerGpu, LearnsShapesFromJpegFolderAndSkipsCorruptFile) {
   const double chance_loss = std::log(6.0);
   EXPECT_LT(last / 10, 0.8 * chance_loss);
   // Held-out images, eval transform, BN running statistics: well above chance (1/6).
-  EXPECT_EQ(r.val_images, 60);
   std::printf("shapes: validation top-1 %.1f%%, loss %.3f\n", 100 * r.val_top1, r.val_loss);
   EXPECT_GT(r.val_top1, 0.4);
   EXPECT_LT(r.val_loss, 0.8 * chance_loss);
