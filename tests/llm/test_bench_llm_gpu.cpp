@@ -46,7 +46,7 @@ TEST(BenchLlmGemmsGpu, TinyModelTableAtPrefillRows) {
 
 // A real model's shapes at a prompt's rows that no 128-row tile divides (well under a second).
 // Under a sanitizer 136 rows, one tile and a partial one, instead of 1000: racecheck cut the
-// autotuned table at 480 s (session 38).
+// autotuned table at 480 s (session 32).
 TEST(BenchLlmGemmsGpu, Llama2_7bTableAtPrefillRows) {
   GPULAB_REQUIRE_FP8();
   expect_table(builtin_config("llama2-7b"), sanitizer_tool().empty() ? 1000 : 136);
