@@ -21,12 +21,12 @@ bool under_initcheck() {
   return initcheck;
 }
 
+}  // namespace
+
 bool under_racecheck() {
   static const bool racecheck = sanitizer_tool() == "racecheck";
   return racecheck;
 }
-
-}  // namespace
 
 void zero_library_result_under_initcheck(void* result, size_t bytes, cudaStream_t stream) {
   if (under_initcheck() && bytes > 0) GPULAB_CHECK(cudaMemsetAsync(result, 0, bytes, stream));

@@ -11,6 +11,8 @@ namespace gpulab::core {
 
 // The tool this process runs under, as GPULAB_SANITIZER names it ("" outside one).
 const std::string& sanitizer_tool();
+// Whether that tool is racecheck (read once: the training and decode loops ask every layer).
+bool under_racecheck();
 
 // initcheck does not see bulk (TMA) stores (scripts/initcheck_bulk_store_probe.cu shows it), and
 // cuBLASLt's and cuDNN's sm_90 kernels write their results that way, so initcheck flags every

@@ -333,7 +333,7 @@ struct ResNet::Impl {
   // choice does not depend on timing noise. And under compute-sanitizer's racecheck, which checks
   // every shared-memory access: timing runs every candidate algorithm of every shape, several
   // times, under an instrumentation that slows kernels unevenly, so its ranking would mean nothing.
-  bool measure_algorithms() const { return !opt.deterministic && core::sanitizer_tool() != "racecheck"; }
+  bool measure_algorithms() const { return !opt.deterministic && !core::under_racecheck(); }
   // The layouts whose algorithms are compared: the forced one; NHWC alone where nothing is timed
   // and for fp16/bf16 (cuDNN's fast kernels are NHWC there, and measuring NCHW as well would only
   // lengthen the start); else both.

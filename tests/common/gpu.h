@@ -56,4 +56,4 @@ using ::gpulab::core::sanitizer_tool;
 // CUDA-graph replays checked against eager launches of the same kernels, and pairings whose parts
 // run elsewhere in the test (an optimizer kernel differs by precision only in the type of the
 // weight copy it stores). Their other checks still run on what is kept.
-inline bool under_racecheck() { return sanitizer_tool() == "racecheck"; }
+using ::gpulab::core::under_racecheck;
