@@ -215,11 +215,11 @@ class SanitizerScripts(unittest.TestCase):
         self.assertLess(kib, 512 * 1024)  # so its summary line does not show it
         self.assertEqual(self.row("Fake.Clean", "memcheck"), (0, "0"))
 
-    def test_each_run_names_its_tool_and_initcheck_leaves_out_the_jpeg_engine(self):
+    def test_each_run_names_its_tool_and_initcheck_and_racecheck_leave_out_the_jpeg_engine(self):
         for tool in TOOLS:
             with open(os.path.join(self.logs, f"Fake.Clean.{tool}.log"), encoding="utf-8") as f:
                 first = f.readline()
-            hardware = "0" if tool == "initcheck" else "unset"
+            hardware = "0" if tool in ("initcheck", "racecheck") else "unset"
             self.assertEqual(first.strip(), f"env: GPULAB_SANITIZER={tool} GPULAB_NVJPEG_HARDWARE={hardware}")
         self.assertTrue(os.path.exists(os.path.join(self.logs, "Fake_Param.Named_0.racecheck.log")))
 
