@@ -24,8 +24,9 @@
 # --shortest-first DIR (with a deadline, more runs finish): runs start in the order of their last
 # recorded seconds in DIR's *sanitizer*.txt summaries (bench/results), the same tool's else
 # memcheck's, 120 s when neither ran; ties keep ctest's order.
-# --left DIR runs only the (test, tool) pairs without a clean run on record in DIR's summaries
-# (scripts/sanitizer_coverage.py's rule), so a device session spends its time on what is left.
+# --left DIR runs only the (test, tool) pairs without a clean or racecheck "library only" run on
+# record in DIR's summaries (scripts/sanitizer_coverage.py's rules), so a device session spends its
+# time on what is left.
 # Both may be given more than once (bench/results and the session's own earlier summaries).
 # Runs share each GPU: the engine tests size their KV pools from free memory, so keep --jobs at
 # about 2 per GPU (session 7: 6 runs on one GPU failed 45 tests with out-of-memory). They share the
@@ -81,10 +82,11 @@ runs=$out/runs.txt
 ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
 import json, re, sys
 sys.path.insert(0, "scripts")
-from sanitizer_coverage import clean_runs, last_seconds
+from sanitizer_coverage import clean_runs, last_seconds, library_only_runs
 only, exclude, tools = sys.argv[1], sys.argv[2], sys.argv[3].split()
 order_by, left = (sys.argv[i].split(":") if sys.argv[i] else [] for i in (4, 5))
-clean = clean_runs(left) if left else set()
+# A "library only" racecheck pair would find the same reports in the same kernels again.
+clean = clean_runs(left) | library_only_runs(left) if left else set()
 runs = []
 for t in json.load(sys.stdin)["tests"]:
     cmd = t.get("command") or []
@@ -132,7 +134,9 @@ launched_by() {
 run_one() {
   local exe=$1 test=$2 tool=$3 index=$4
   local log=$out/${test//\//_}.$tool.log  # parameterized names hold '/'
-  local args=(--tool "$tool" --error-exitcode 99 --print-limit 50 --target-processes all --report-api-errors no)
+  # --print-limit: every report of the largest runs so far (racecheck: 356 in the 7B GEMM table),
+  # so that each run's reports can all be attributed (launched_by), not only the first 50.
+  local args=(--tool "$tool" --error-exitcode 99 --print-limit 1000 --target-processes all --report-api-errors no)
   [[ $tool == memcheck && $leak_check == 1 ]] && args+=(--leak-check full)
   [[ $tool == synccheck && $library_kernels == 0 ]] && args+=(--kernel-name-exclude "regex=$library_kernel_names")
   local start=$(date +%s) code errors note limit=$timeout_s

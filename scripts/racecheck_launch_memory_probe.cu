@@ -15,6 +15,12 @@
 // finish one by one, but the tool holds each until the host waits for the GPU. Not yet run:
 // whether what a launch holds grows with its grid (BLOCKS_PER_SM 2 against 64), and whether a
 // graph's kernels are held as launches are (`3000 0 graph` against `3000 0 stream`).
+// KERNEL `race` launches instead a kernel whose warps read each other's shared memory without a
+// barrier, so that racecheck reports hazards in every block: session 42 saw the 7B-shape runs grow
+// by about 1 GiB/s while waiting at every layer, all their reports in cuBLASLt's kernels. Does
+// what the tool holds grow with the hazards it finds (`3000 100 stream 2 race` against `... axpy`)?
+// And does the tool's own `--force-synchronization-limit 100` bound it as the waits do
+// (`compute-sanitizer --tool racecheck --force-synchronization-limit 100 ./probe 3000 0`)?
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -34,6 +40,15 @@ __global__ void axpy(int n, float a, const float* x, float* y) {
   if (i < n) y[i] = a * x[i] + y[i];
 }
 
+// A deliberate read-after-write hazard: each thread reads what a thread of another warp wrote,
+// with no barrier between (blocks of 256 threads).
+__global__ void race(int n, const float* x, float* y) {
+  __shared__ float staged[256];
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  staged[threadIdx.x] = i < n ? x[i] : 0.f;
+  if (i < n) y[i] += staged[(threadIdx.x + 32) % 256];
+}
+
 long resident_mib() {
   FILE* f = std::fopen("/proc/self/status", "r");
   char line[256];
@@ -46,13 +61,14 @@ long resident_mib() {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s LAUNCHES SYNC_EVERY [device|stream|graph] [BLOCKS_PER_SM]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s LAUNCHES SYNC_EVERY [device|stream|graph] [BLOCKS_PER_SM] [axpy|race]\n", argv[0]);
     return 2;
   }
   const int launches = std::atoi(argv[1]), sync_every = std::atoi(argv[2]);
   const bool graph = argc > 3 && std::strcmp(argv[3], "graph") == 0;
   const bool stream_sync = graph || (argc > 3 && std::strcmp(argv[3], "stream") == 0);
   const int blocks_per_sm = argc > 4 ? std::atoi(argv[4]) : 2;
+  const bool racy = argc > 5 && std::strcmp(argv[5], "race") == 0;
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int blocks = blocks_per_sm * sms, n = blocks * 256;
@@ -63,12 +79,16 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&y, n * sizeof(float)));
   CHECK(cudaMemset(x, 0, n * sizeof(float)));
   CHECK(cudaMemset(y, 0, n * sizeof(float)));
+  auto launch = [&] {
+    if (racy) race<<<blocks, 256, 0, stream>>>(n, x, y);
+    else axpy<<<blocks, 256, 0, stream>>>(n, 1.0001f, x, y);
+  };
   constexpr int kGraphKernels = 50;
   cudaGraphExec_t replay = nullptr;
   if (graph) {
     cudaGraph_t captured;
     CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < kGraphKernels; ++i) axpy<<<blocks, 256, 0, stream>>>(n, 1.0001f, x, y);
+    for (int i = 0; i < kGraphKernels; ++i) launch();
     CHECK(cudaStreamEndCapture(stream, &captured));
     CHECK(cudaGraphInstantiate(&replay, captured, 0));
     CHECK(cudaGraphDestroy(captured));
@@ -82,7 +102,7 @@ int main(int argc, char** argv) {
     if (graph) {
       CHECK(cudaGraphLaunch(replay, stream));
     } else {
-      axpy<<<blocks, 256, 0, stream>>>(n, 1.0001f, x, y);
+      launch();
       CHECK(cudaGetLastError());
     }
     if (sync_every && i % sync_every == 0) CHECK(stream_sync ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize());

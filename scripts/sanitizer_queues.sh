@@ -7,8 +7,8 @@
 # Builds TARGETS into build-device (a warm machine keeps it: a later call rebuilds nothing), then
 # runs each queue (scripts/compute_sanitizer.sh with TOOLS, --jobs JOBS, --timeout TIMEOUT, --only
 # ONLY, --exclude EXCLUDE) beside the others, all ending LIMIT s (default 560) after the call began.
-# A queue runs only the (test, tool) pairs without a clean run in bench/results or in this
-# machine's earlier calls, shortest first, unless its last field is `all`. Mind host memory: racecheck
+# A queue runs only the (test, tool) pairs without a clean (or racecheck "library only") run in
+# bench/results or in this machine's earlier calls, shortest first, unless its last field is `all`. Mind host memory: racecheck
 # holds ~11 MiB a launch until the host waits; the ResNet waits at each layer under it since session
 # 41 (three training runs at once: 9 GiB), but a 7B-shape engine run took 109.6 GiB before its waits.
 # What comes back is four files under $OUT (the device tool returns at most eight):

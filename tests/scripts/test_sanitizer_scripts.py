@@ -265,12 +265,15 @@ class SanitizerScripts(unittest.TestCase):
                                  ("Fake.Clean", "memcheck"), ("Fake.Hangs", "memcheck"), ("Fake.Hangs", "racecheck"),
                                  ("Fake.OneRace", "memcheck"), ("Fake.OneRace", "racecheck")], stdout)
 
-    def test_left_runs_only_the_pairs_without_a_clean_run_on_record(self):
+    def test_left_runs_only_the_pairs_without_a_clean_or_library_only_run_on_record(self):
         # Two folders of records, as bench/results and a device session's own earlier summaries.
         committed, session = os.path.join(self.dir, "left-committed"), os.path.join(self.dir, "left-session")
         for folder, lines in ((committed, "Fake.Clean memcheck 0 3 0\n"
                                           "Fake.Skips memcheck 0 1 0 (skipped)\n"   # skipped: not clean
-                                          "Fake.OneRace racecheck 99 4 1\n"),      # reported: not clean
+                                          "Fake.OneRace racecheck 99 4 1\n"       # reported: not clean
+                                          # every report printed and a library's: not rerun
+                                          "Fake.Hangs racecheck 99 40 2 [printed: 0 ours, 2 libraries,"
+                                          " 0 without a host frame]\n"),
                               (session, "Fake.Clean racecheck 0 9 0\n"
                                         "Fake.OneRace memcheck 124 60 0 printed (timed out)\n")):
             os.makedirs(folder, exist_ok=True)
@@ -278,9 +281,10 @@ class SanitizerScripts(unittest.TestCase):
                 f.write("test tool exit sec errors\n" + lines)
         _status, stdout, _logs, rows = self.run_script("left", "--tools", "memcheck racecheck", "--jobs", "2",
                                                        "--timeout", "2", "--left", committed, "--left", session,
-                                                       "--only", r"^Fake\.(Clean|OneRace|Skips)$")
+                                                       "--only", r"^Fake\.(Clean|OneRace|Skips|Hangs)$")
         self.assertEqual(set(rows), {("Fake.OneRace", "memcheck"), ("Fake.OneRace", "racecheck"),
-                                     ("Fake.Skips", "memcheck"), ("Fake.Skips", "racecheck")}, stdout)
+                                     ("Fake.Skips", "memcheck"), ("Fake.Skips", "racecheck"),
+                                     ("Fake.Hangs", "memcheck")}, stdout)
         # Nothing left to run is not an error.
         done = subprocess.run([COMPUTE_SANITIZER, "--build", self.build, "--tools", "memcheck racecheck",
                                "--left", committed, "--left", session, "--only", r"^Fake\.Clean$"],
