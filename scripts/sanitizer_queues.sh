@@ -8,9 +8,10 @@
 # runs each queue (scripts/compute_sanitizer.sh with TOOLS, --jobs JOBS, --timeout TIMEOUT, --only
 # ONLY, --exclude EXCLUDE) beside the others, all ending LIMIT s (default 560) after the call began.
 # A queue runs only the (test, tool) pairs without a clean (or racecheck "library only") run in
-# bench/results or in this machine's earlier calls, shortest first, unless its last field is `all`. Mind host memory: racecheck
-# holds ~11 MiB a launch until the host waits; the ResNet waits at each layer under it since session
-# 41 (three training runs at once: 9 GiB), but a 7B-shape engine run took 109.6 GiB before its waits.
+# bench/results or in this machine's earlier calls, shortest first, unless its last field is `all`.
+# Mind host memory: racecheck holds ~11 MiB a launch until the host waits, and the ResNet waits at
+# each layer under it since session 41 (four training runs at once: 2-5 GiB each), but runs of
+# cuBLASLt's GEMMs at 7B shapes took 56-115 GiB even so (session 42): run those alone.
 # What comes back is four files under $OUT (the device tool returns at most eight):
 #   build.log, callN-memory.log (available host memory and used GPU memory every 10 s),
 #   callN-sanitizer.txt (each queue's summary under a "## call N, queue NAME: ..." line, ready for

@@ -259,7 +259,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   report.classes = classes;
   report.start_step = start;
   using Clock = std::chrono::steady_clock;
-  const Clock::time_point began = Clock::now();
+  const Clock::time_point began = Clock::now();  // the model and loaders are set up
   Clock::time_point timed_start;
   Clock::duration untimed_pauses{};  // checkpoint writing
   const int64_t untimed = start + std::min<int64_t>(opt.warmup_steps_untimed, opt.steps - start - 1);
@@ -329,8 +329,8 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
     // Under a compute-sanitizer a step takes seconds to minutes: rank 0 logs each one, so that a run
     // its timeout cuts says how far it got.
     if (rank == 0 && !core::sanitizer_tool().empty())
-      core::log_info("train: step ", r.step + 1, " of ", opt.steps, " done ",
-                     std::chrono::duration<double>(Clock::now() - began).count(), " s after the start, loss ", r.loss);
+      core::log_info("train: step ", r.step + 1, " of ", opt.steps, " done at ",
+                     std::chrono::duration<double>(Clock::now() - began).count(), " s into the loop, loss ", r.loss);
     ++next_report;
     if (on_step) on_step(r);
   };
