@@ -18,6 +18,10 @@
 #   bench/results), callN-logs.tgz (every run's log).
 # BUILD, RESULTS and QUEUES_DIR (the calls' work, default /tmp/sanitizer-queues) move the build
 # folder, the record and the work elsewhere (tests/scripts/test_sanitizer_scripts.py does).
+# REFERENCES=1 also makes, beside the build and unless a warm machine has them, what the
+# ReferenceGpu and RandomSevenB tests compare with (tests/reference/: torchvision's ResNet-50,
+# about 40 s; a random LLaMA-2-7B with transformers' logits, about 74 s; session 42), and points
+# the tests at them; the queues start once both are there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 (($#)) || { echo "usage: CALL=N scripts/sanitizer_queues.sh 'NAME;TOOLS;JOBS;TIMEOUT;ONLY[;EXCLUDE[;all]]' ..." >&2; exit 2; }
@@ -40,6 +44,22 @@ export NCCL_NVLS_ENABLE=0  # multi-GPU machines here must never use NVLink multi
 sampler=$!
 trap 'kill $sampler 2>/dev/null' EXIT
 
+references=()
+if [[ ${REFERENCES:-0} == 1 ]]; then
+  export GPULAB_TORCHVISION_REF=$runs/torchvision_resnet50.safetensors GPULAB_HF_REFERENCE_DIR=$runs/llama7b-random
+  if [[ ! -s $GPULAB_TORCHVISION_REF ]]; then
+    (timeout 300 python3 tests/reference/torchvision_resnet50.py --out "$GPULAB_TORCHVISION_REF.part" &&
+      mv "$GPULAB_TORCHVISION_REF.part" "$GPULAB_TORCHVISION_REF") > "$work/reference-torchvision.log" 2>&1 &
+    references+=($!)
+  fi
+  if [[ ! -f $GPULAB_HF_REFERENCE_DIR/reference.safetensors ]]; then
+    (rm -rf "$GPULAB_HF_REFERENCE_DIR.part" &&
+      timeout 300 python3 tests/reference/hf_llama_random.py --out "$GPULAB_HF_REFERENCE_DIR.part" &&
+      mv "$GPULAB_HF_REFERENCE_DIR.part" "$GPULAB_HF_REFERENCE_DIR") > "$work/reference-llama7b.log" 2>&1 &
+    references+=($!)
+  fi
+fi
+
 mapfile -t prefix < <(scripts/unpack_device_deps.sh)  # the carried .deps, if any
 (
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
@@ -52,6 +72,9 @@ mapfile -t prefix < <(scripts/unpack_device_deps.sh)  # the carried .deps, if an
   exit $code
 ) > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 tail -1 "$out/build.log"
+for pid in "${references[@]}"; do
+  wait "$pid" || echo "sanitizer_queues.sh: a reference failed: its tests will skip (logs: $work/reference-*.log)"
+done
 
 # This machine's earlier calls count as record, as the results folder does.
 earlier=()
