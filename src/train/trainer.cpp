@@ -260,6 +260,9 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   report.start_step = start;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point began = Clock::now();  // the model and loaders are set up
+  // Under a compute-sanitizer a step takes seconds to minutes: rank 0 logs each one, so that a run
+  // its timeout cuts says how far it got.
+  const bool log_each_step = rank == 0 && !core::sanitizer_tool().empty();
   Clock::time_point timed_start;
   Clock::duration untimed_pauses{};  // checkpoint writing
   const int64_t untimed = start + std::min<int64_t>(opt.warmup_steps_untimed, opt.steps - start - 1);
@@ -326,9 +329,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
       ++report.checkpoints_written;
       if (r.step >= untimed) untimed_pauses += Clock::now() - t0;
     }
-    // Under a compute-sanitizer a step takes seconds to minutes: rank 0 logs each one, so that a run
-    // its timeout cuts says how far it got.
-    if (rank == 0 && !core::sanitizer_tool().empty())
+    if (log_each_step)
       core::log_info("train: step ", r.step + 1, " of ", opt.steps, " done at ",
                      std::chrono::duration<double>(Clock::now() - began).count(), " s into the loop, loss ", r.loss);
     ++next_report;
