@@ -34,7 +34,8 @@
 # (scripts/racecheck_launch_memory_probe.cu), so one training test took up to 122.6 GiB of a 128 GiB
 # machine (sessions 36-41) until the ResNet waited at each layer under it (core::wait_under_racecheck:
 # three at once then used 9 GiB, session 41). Other code that launches long runs between waits may
-# still want --jobs 1. Each summary line gives a run's host memory peak from 0.5 GiB (not of a run
+# still want --jobs 1, as may tests whose library kernels race: each such kernel's hazard records
+# stay until the program ends (session 43: 12-15 GiB for a racy probe kernel or one cuBLAS GEMM). Each summary line gives a run's host memory peak from 0.5 GiB (not of a run
 # the timeout ended).
 # synccheck leaves the libraries' kernels (NCCL, cuDNN, cuBLAS, nvJPEG) out unless
 # --library-kernels: NCCL's ring kernels reach barriers from divergent threads by design

@@ -11,7 +11,9 @@
 # bench/results or in this machine's earlier calls, shortest first, unless its last field is `all`.
 # Mind host memory: racecheck holds ~11 MiB a launch until the host waits, and the ResNet waits at
 # each layer under it since session 41 (four training runs at once: 2-5 GiB each), but runs of
-# cuBLASLt's GEMMs at 7B shapes took 56-115 GiB even so (session 42): run those alone.
+# cuBLASLt's GEMMs at 7B shapes took 56-118 GiB even so (sessions 42-43): each distinct racy kernel
+# adds hazard records that no wait gives back (13-15 GiB for one nvjet GEMM in session 43's probe),
+# and autotuning met up to 16 such kernels a shape (off under racecheck since then): run those alone.
 # What comes back is four files under $OUT (the device tool returns at most eight):
 #   build.log, callN-memory.log (available host memory and used GPU memory every 10 s),
 #   callN-sanitizer.txt (each queue's summary under a "## call N, queue NAME: ..." line, ready for

@@ -189,7 +189,10 @@ void run_gemm_suite(Context& ctx) {
                            {{"m", n}, {"n", n}, {"k", n}, {"input", core::dtype_name(v.input)}, {"output", core::dtype_name(v.output)},
                             {"precision", v.precision}, {"verified", v.rtol > 0 ? "tolerance" : "exact"}, {"input_sets", sets},
                             {"median_ms", percentile(ms, 50)}});
-        if (v.library) row.result.params["algorithm"] = "fastest of up to " + std::to_string(kAutotuneCandidates) + " cuBLASLt heuristic candidates";
+        if (v.library)
+          row.result.params["algorithm"] = blas.autotune() > 1 ? "fastest of up to " + std::to_string(blas.autotune()) +
+                                                                     " cuBLASLt heuristic candidates"
+                                                               : "cuBLASLt heuristic's first choice";
         if (!sets_ceiling) row.ceiling = ctx.ceiling(key);
         else row.ceiling = s.median;
         ctx.add(row);

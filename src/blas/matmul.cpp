@@ -67,7 +67,12 @@ struct Blas::State {
   int autotune = 0;  // candidates to time per new plan; ≤ 1: the heuristic's first choice
 };
 
-void Blas::set_autotune(int candidates) { state_->autotune = candidates; }
+// racecheck keeps hundreds of hazard records for each distinct cuBLASLt kernel it meets (their
+// reports are all in NVIDIA's `nvjet` kernels), so timing 16 candidates a shape took a 2-layer 7B
+// engine's warm-up past 118 GiB of host memory, and the gemm suite past 9 minutes (session 43);
+// timings under its instrumentation would pick at random anyway.
+void Blas::set_autotune(int candidates) { state_->autotune = core::under_racecheck() ? 0 : candidates; }
+int Blas::autotune() const { return state_->autotune; }
 
 Blas::Blas(size_t workspace_bytes) : state_(std::make_unique<State>()) {
   GPULAB_CHECK(cublasLtCreate(&state_->handle));

@@ -56,7 +56,9 @@ class Blas {
               void* c, cudaStream_t stream, float alpha = 1.f, float beta = 0.f,
               const Fp8Scales& scales = {});
 
-  void set_autotune(int candidates);  // ≤ 1: off
+  // ≤ 1: off. Under compute-sanitizer's racecheck always off (matmul.cpp says why).
+  void set_autotune(int candidates);
+  int autotune() const;  // the candidates a new plan times; ≤ 1: the heuristic's first choice
 
  private:
   struct State;

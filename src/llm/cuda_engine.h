@@ -60,6 +60,7 @@ struct EngineOptions {
   // kept. The pick rests on timings, so two engines on one GPU may take different algorithms for
   // the same shape and their decode logits then differ in the last bits. Off: the heuristic's
   // first choice, the same in every engine (what a bit-for-bit comparison of two engines needs).
+  // Under compute-sanitizer's racecheck always off (blas::Blas::set_autotune).
   bool autotune_decode_gemms = true;
   WeightFormat weights = WeightFormat::bf16;
   Fp8ActivationScale fp8_activations = Fp8ActivationScale::token;

@@ -13,6 +13,7 @@
 #include "llm/cuda_engine.h"
 #include "llm/fixtures.h"
 #include "llm/fp8_testing.h"
+#include "llm/seven_b_shape.h"
 
 namespace gpulab::llm {
 namespace {
@@ -207,10 +208,12 @@ TEST(Fp8Engine, EngineOrderAndCudaGraphsDoNotChangeResults) {
 }
 
 // A random LLaMA-2-7B shape: fp8 weights take half the bytes (one per parameter plus a scale
-// per row), the KV pool grows by what they free, and the logits stay near bf16's.
+// per row), the KV pool grows by what they free, and the logits stay near bf16's. Under racecheck
+// 2 layers (seven_b_shape), whose KV cache fits in max_batch · max_seq_len tokens: the pool is then
+// bounded by that, not by memory, and its growth is not judged there.
 TEST(Fp8Engine, SevenBShapeHalvesWeightBytesAndGrowsTheKvPool) {
   GPULAB_REQUIRE_GPU();
-  const LlamaConfig cfg = builtin_config("llama2-7b");
+  const LlamaConfig cfg = testing::seven_b_shape(2);
   const WeightSource src = WeightSource::random(cfg, 3);
   EngineOptions opt;
   opt.gpu_memory_fraction = 0.4;  // 56 GB: the pool is bounded by memory, not by max_batch · max_seq_len
@@ -244,7 +247,9 @@ TEST(Fp8Engine, SevenBShapeHalvesWeightBytesAndGrowsTheKvPool) {
   std::printf("freed by fp8 %.2f GiB, taken meanwhile by the rest of the GPU %.2f GiB\n", freed / 1073741824.0,
               (others(1) - others(0)) / 1073741824.0);
   const double page_bytes = double(cap[0].kv_bytes) / double(cap[0].kv_blocks);
-  EXPECT_NEAR(double(cap[1].kv_bytes) - double(cap[0].kv_bytes), freed - (others(1) - others(0)), 2 * page_bytes);
+  if (!under_racecheck()) {
+    EXPECT_NEAR(double(cap[1].kv_bytes) - double(cap[0].kv_bytes), freed - (others(1) - others(0)), 2 * page_bytes);
+  }
   testing::Fp8Agreement a;
   a.add(logits[1], logits[0], cfg.vocab_size);
   a.print("random 7B shape, fp8 vs bf16");
