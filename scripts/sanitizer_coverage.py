@@ -17,8 +17,14 @@ that kernel's code, whatever we pass it, and we cannot change it. A racecheck pa
 run but a run whose test passed and whose every report was printed and is in such a kernel is
 counted apart, as "library only": none of our kernels raced there. It is not clean.
 
+A clean run of the pseudo-tool racecheck-ours (compute_sanitizer.sh: racecheck with the libraries'
+kernels left unchecked, where a full run outlasts a device call) says that none of our kernels
+raced, and nothing of the libraries' kernels. A racecheck pair with neither a clean nor a "library
+only" run but such a run is counted apart again, as "ours only". It is not clean either.
+
 With --left TOOL it prints, instead of the table, a regex of the tests without a clean TOOL run,
-for `scripts/compute_sanitizer.sh --tools TOOL --only "$(...)"`.
+for `scripts/compute_sanitizer.sh --tools TOOL --only "$(...)"`; --left racecheck-ours, those with
+no racecheck pair counted clean, "library only" or "ours only".
 """
 import argparse
 import glob
@@ -29,6 +35,7 @@ import subprocess
 import sys
 
 TOOLS = ("memcheck", "synccheck", "initcheck", "racecheck")
+OURS_ONLY = "racecheck-ours"
 
 
 def gpu_tests(build):
@@ -52,7 +59,7 @@ def records(results):
             continue
         for line in open(path, encoding="utf-8"):
             fields = line.split()
-            if len(fields) >= 5 and fields[0] != "test" and fields[1] in TOOLS:
+            if len(fields) >= 5 and fields[0] != "test" and fields[1] in TOOLS + (OURS_ONLY,):
                 yield fields, line
 
 
@@ -85,24 +92,28 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
     ap.add_argument("--results", action="append", help="a folder of summaries (default bench/results); repeatable")
-    ap.add_argument("--left", choices=TOOLS, help="print a regex of the tests without a clean run of this tool")
+    ap.add_argument("--left", choices=TOOLS + (OURS_ONLY,),
+                    help="print a regex of the tests without a clean run of this tool")
     args = ap.parse_args()
     tests = gpu_tests(args.build)
     if not tests:
         sys.exit(f"sanitizer_coverage.py: no gpu tests in {args.build}")
     results = args.results or [os.path.join(os.path.dirname(__file__), "..", "bench", "results")]
     clean = clean_runs(results)
+    library_only = library_only_runs(results) - clean
+    ours_only = {(t, "racecheck") for t, tool in clean if tool == OURS_ONLY} - clean - library_only
     if args.left:
-        left = [t for t in tests if (t, args.left) not in clean]
+        counted = clean if args.left != OURS_ONLY else clean | library_only | ours_only
+        left = [t for t in tests if (t, args.left.removesuffix("-ours")) not in counted]
         print("^(" + "|".join(re.escape(t) for t in left) + ")$" if left else "^$")
         return
-    library_only = library_only_runs(results) - clean
     print(f"{len(tests)} gpu tests")
-    print(f"{'tool':10} {'clean':>6} {'library only':>13} {'left':>6}")
+    print(f"{'tool':10} {'clean':>6} {'library only':>13} {'ours only':>10} {'left':>6}")
     for tool in TOOLS:
         done = sum((t, tool) in clean for t in tests)
         libraries = sum((t, tool) in library_only for t in tests)
-        print(f"{tool:10} {done:6d} {libraries:13d} {len(tests) - done - libraries:6d}")
+        ours = sum((t, tool) in ours_only for t in tests)
+        print(f"{tool:10} {done:6d} {libraries:13d} {ours:10d} {len(tests) - done - libraries - ours:6d}")
 
 
 if __name__ == "__main__":

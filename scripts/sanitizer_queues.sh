@@ -4,6 +4,8 @@
 #   CALL=N [LIMIT=S] [TARGETS="gpulab test_train_gpu"] scripts/sanitizer_queues.sh QUEUE ...
 #   QUEUE = 'NAME;TOOLS;JOBS;TIMEOUT;ONLY[;EXCLUDE[;all]]', e.g.
 #           'llm;racecheck;1;560;CudaEngine\.(BatchedGreedy|Fp8Decode)'
+#           'train;racecheck-ours;4;540;^TrainerGpu\.' (racecheck, the libraries' kernels unchecked:
+#           scripts/compute_sanitizer.sh says when)
 # Builds TARGETS into build-device (a warm machine keeps it: a later call rebuilds nothing), then
 # runs each queue (scripts/compute_sanitizer.sh with TOOLS, --jobs JOBS, --timeout TIMEOUT, --only
 # ONLY, --exclude EXCLUDE) beside the others, all ending LIMIT s (default 560) after the call began.
