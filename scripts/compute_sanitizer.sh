@@ -46,10 +46,9 @@
 # left out all the same, for the tests whose full racecheck outlasts a device call: under it cuDNN's
 # kernels made a ResNet training step take 50-165 s (session 43), and every hazard it found in them
 # is in NVIDIA's code. It checks every kernel of ours (no name of ours matches library_kernel_names,
-# below); its summary lines name it, and
-# scripts/sanitizer_coverage.py counts its clean runs apart from racecheck's. initcheck's library
-# reports are read apart instead: NCCL's flags, cuDNN's implicit-GEMM padding and nvJPEG's
-# conversion of a corrupt image (session 10).
+# below); its summary lines name it, and scripts/sanitizer_coverage.py counts its clean runs apart
+# from racecheck's. initcheck's library reports are read apart instead: NCCL's flags, cuDNN's
+# implicit-GEMM padding and nvJPEG's conversion of a corrupt image (session 10).
 # initcheck does not see bulk (TMA) stores nor the JPEG hardware engine's writes (session 27). So
 # under it the library zeroes what cuBLASLt and cuDNN are about to write and, once, their
 # workspaces (core/sanitizer.h), and nvJPEG runs without its hardware engine (GPULAB_NVJPEG_HARDWARE=0).

@@ -69,7 +69,7 @@ struct Blas::State {
 
 // racecheck keeps hundreds of hazard records for each distinct cuBLASLt kernel it meets (their
 // reports are all in NVIDIA's `nvjet` kernels), so timing 16 candidates a shape took a 2-layer 7B
-// engine's warm-up past 118 GiB of host memory, and the gemm suite past 9 minutes (session 43);
+// engine's warm-up to 117.9 GiB of host memory, and the gemm suite past 9 minutes (session 43);
 // timings under its instrumentation would pick at random anyway.
 void Blas::set_autotune(int candidates) { state_->autotune = core::under_racecheck() ? 0 : candidates; }
 int Blas::autotune() const { return state_->autotune; }

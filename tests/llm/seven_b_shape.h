@@ -9,9 +9,9 @@
 namespace gpulab::llm::testing {
 
 // Under racecheck `racecheck_layers` of its 32 layers: racecheck checks each launch's shared-memory
-// accesses, and every layer launches the same kernels at the same shapes. With all 32 the fp8 test
-// held 115 GiB of host memory and ended mid-test, and the tensor-parallel one outlasted its call
-// (session 42, docs/reliability.md). Elsewhere all 32.
+// accesses, and every layer launches the same kernels at the same shapes, so the other layers only
+// take time; with all 32 the tensor-parallel test outlasted its call (273 s, session 42;
+// docs/reliability.md). Elsewhere all 32.
 inline LlamaConfig seven_b_shape(int64_t racecheck_layers) {
   LlamaConfig config = builtin_config("llama2-7b");
   if (under_racecheck()) config.num_layers = racecheck_layers;
