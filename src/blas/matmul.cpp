@@ -67,10 +67,10 @@ struct Blas::State {
   int autotune = 0;  // candidates to time per new plan; ≤ 1: the heuristic's first choice
 };
 
-// racecheck keeps hundreds of hazard records for each distinct cuBLASLt kernel it meets (their
-// reports are all in NVIDIA's `nvjet` kernels), so timing 16 candidates a shape took a 2-layer 7B
-// engine's warm-up to 117.9 GiB of host memory, and the gemm suite past 9 minutes (session 43);
-// timings under its instrumentation would pick at random anyway.
+// racecheck keeps hundreds of hazard records for each distinct racy cuBLASLt kernel it meets (all
+// in NVIDIA's `nvjet` kernels): a 2-layer 7B engine, its reports in some 20 such kernels (by every
+// sign the candidates its warm-up timed), reached 117.9 GiB of host memory, and the gemm suite
+// took past 9 minutes (session 43). Timings under its instrumentation would pick at random anyway.
 void Blas::set_autotune(int candidates) { state_->autotune = core::under_racecheck() ? 0 : candidates; }
 int Blas::autotune() const { return state_->autotune; }
 
