@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -149,6 +150,7 @@ void expect_close(Want& want, TpEngine& got, const WeightSource& w, const std::s
     ASSERT_EQ(a.size(), b.size());
     const double e = rel_l2(b, a);
     std::printf("TP %d prompt %zu: logits rel L2 %.2e vs %s\n", world, i, e, label.c_str());
+    std::fflush(stdout);  // a run that a sanitizer's time limit ends still shows how far it got
     EXPECT_LE(e, 1e-2) << "prompt " << i;
   }
   const GreedyRun a = greedy(want, ps, steps), b = greedy(got, ps, steps);
@@ -198,7 +200,8 @@ TEST(TpEngine, AllVisibleGpusMatchOneRank) {
 // Issue #9's check at the 7B shape: random weights (HF's std 0.02, filled on each GPU), tensor
 // parallel over every visible GPU against the plain engine on one, 64 greedy tokens. On one GPU
 // this is TP 1 through NCCL, which must match bit for bit; on 8 it is the issue's TP 8. Under
-// racecheck 2 of the 32 layers (seven_b_shape).
+// racecheck 2 of the 32 layers (seven_b_shape) and 8 tokens: each token launches the same kernels
+// at the same shapes, and at 64 the run outlasted a 560 s call (session 44).
 TEST(TpEngine, SevenBShapeOnEveryVisibleGpuMatchesOneGpu) {
   GPULAB_REQUIRE_GPU();
   const int n = visible_gpus();
@@ -206,7 +209,7 @@ TEST(TpEngine, SevenBShapeOnEveryVisibleGpuMatchesOneGpu) {
   const WeightSource w = WeightSource::random(testing::seven_b_shape(2), 7);
   CudaEngine one(w, small_options());
   TpEngine many(w, small_options(), tp_devices(n));
-  expect_close(one, many, w, "one GPU", 64);
+  expect_close(one, many, w, "one GPU", under_racecheck() ? 8 : 64);
 }
 
 // The residual's all-reduce over NCCL symmetric memory (EngineOptions::nccl_symmetric; the log
