@@ -15,7 +15,10 @@
 # each layer under it since session 41 (four training runs at once: 2-5 GiB each), but runs of
 # cuBLASLt's GEMMs at 7B shapes took 56-118 GiB even so (sessions 42-43): each distinct racy kernel
 # adds hazard records that no wait gives back (13-15 GiB for one nvjet GEMM in session 43's probe),
-# and autotuning met up to 16 such kernels a shape (off under racecheck since then): run those alone.
+# and autotuning met up to 16 such kernels a shape. With it off under racecheck (session 44) the
+# 2-layer fp8 7B engine took 8.2 GiB (117.9 before), the random 7B 20.7, the LLM GEMM table 56.6,
+# and the decode suite used up the machine (124.7 GiB; bench timing has run two calls under
+# racecheck since): run those alone.
 # What comes back is four files under $OUT (the device tool returns at most eight):
 #   build.log, callN-memory.log (available host memory and used GPU memory every 10 s),
 #   callN-sanitizer.txt (each queue's summary under a "## call N, queue NAME: ..." line, ready for
