@@ -68,10 +68,12 @@ int run_train(TrainCli& c) {
   bar.reset();
   if (r.rank != 0) return 0;  // one report per job, from rank 0
 
-  const std::string name = "resnet" + std::to_string(o.depth) + "_" + o.precision + "_b" + std::to_string(o.batch) +
+  const std::string name = "resnet" + std::to_string(o.depth) + (o.width != 64 ? "w" + std::to_string(o.width) : "") +
+                           "_" + o.precision + "_b" + std::to_string(o.batch) +
                            (r.world > 1 ? "_x" + std::to_string(r.world) : "") +
                            (o.data.empty() ? "_synthetic" : o.pipeline == "gpu" ? "_folder_gpu" : "_folder");
-  std::cout << "ResNet-" << o.depth << " v1.5, " << human_count(uint64_t(r.params)) << " parameters, " << r.classes
+  std::cout << "ResNet-" << o.depth << " v1.5" << (o.width != 64 ? ", width " + std::to_string(o.width) : "") << ", "
+            << human_count(uint64_t(r.params)) << " parameters, " << r.classes
             << " classes, " << o.precision << ", batch " << o.batch << " x " << o.accum << ", " << c.optimizer << ", "
             << o.steps << " steps on " << (o.data.empty() ? "synthetic data" : o.data)
             << (r.world > 1 ? ", data parallel over " + std::to_string(r.world) + " GPUs (batch per GPU)" : "") << "\n"
@@ -92,7 +94,7 @@ int run_train(TrainCli& c) {
 
   if (!c.json_path.empty()) {
     core::ResultLog log(core::stamp_gpu(0));
-    nlohmann::json params = {{"depth", o.depth}, {"precision", o.precision}, {"batch", o.batch}, {"accum", o.accum},
+    nlohmann::json params = {{"depth", o.depth}, {"width", o.width}, {"precision", o.precision}, {"batch", o.batch}, {"accum", o.accum},
                              {"optimizer", c.optimizer}, {"schedule", c.schedule}, {"lr", o.schedule.base},
                              {"steps", o.steps}, {"image_size", o.image_size}, {"classes", r.classes},
                              {"data", o.data.empty() ? "synthetic" : o.data}, {"pipeline", o.data.empty() ? "none" : o.pipeline},
@@ -123,6 +125,10 @@ void add_train_command(CLI::App& app, Runner& run) {
       ->check(CLI::IsMember({"fp32", "tf32", "fp16", "bf16"}))
       ->capture_default_str();
   sub->add_option("--depth", o.depth, "ResNet depth")->check(CLI::IsMember({18, 34, 50, 101, 152}))->capture_default_str();
+  sub->add_option("--width", o.width,
+                  "Channels of the stem and first stage, doubling each stage: ResNet's 64, or a smaller multiple of 8 "
+                  "for a quick run (its exports keep torchvision's names; only 64 loads into torchvision's model)")
+      ->capture_default_str();
   sub->add_option("--classes", o.classes, "Classes for --synthetic")->capture_default_str();
   sub->add_option("--image-size", o.image_size, "Training crop size")->capture_default_str();
   sub->add_option("--batch", o.batch, "Images per micro-batch")->capture_default_str();

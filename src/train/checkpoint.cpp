@@ -102,11 +102,14 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Depth counts the weighted layers: the stem, the main path of every block, the classifier.
+// Depth counts the weighted layers: the stem, the main path of every block, the classifier. The
+// width (the stem's channels) is named where it is not ResNet's 64.
 std::string model_text(const ResNetLayout& layout) {
   size_t depth = 2;
   for (const auto& b : layout.blocks) depth += b.convs.size();
-  return "ResNet-" + std::to_string(depth) + " with " + std::to_string(layout.classes) + " classes";
+  const int width = layout.convs.front().out;
+  return "ResNet-" + std::to_string(depth) + (width != 64 ? " of width " + std::to_string(width) : "") + " with " +
+         std::to_string(layout.classes) + " classes";
 }
 
 // A value for a message: "-1e-09", not std::to_string's "-0.000000".
@@ -133,7 +136,7 @@ std::optional<std::vector<float>> read_floats(const core::SafetensorsFile& f, co
   }
   if (t->shape != shape)
     throw core::InputError(f.path().string() + ": '" + name + "' has shape " + shape_text(t->shape) + ", a " +
-                           model_text(layout) + " needs " + shape_text(shape) + " (wrong --depth or --classes?)");
+                           model_text(layout) + " needs " + shape_text(shape) + " (wrong --depth, --width or --classes?)");
   const auto bytes = f.data(*t);
   std::vector<float> out(t->numel());
   switch (t->dtype) {

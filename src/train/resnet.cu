@@ -51,7 +51,7 @@ cudnnDataType_t cudnn_type(core::DType dt) {
 // The activation-sized kernels move 16 bytes per load and store: scalar ones reached about 60 %
 // (masked copy) and 70 % (add + ReLU) of the copy bandwidth in a tf32 step on the H200, where they
 // took a quarter of the GPU time. Their tensors are whole cudaMalloc buffers (256-byte aligned) of
-// batch x H x W x C elements with C a multiple of 64, so n is whole packs (see packs_of).
+// batch x H x W x C elements with C a multiple of 8 (resnet_layout's width), so n is whole packs (see packs_of).
 template <class T>
 constexpr int kPack = 16 / int(sizeof(T));
 

@@ -36,7 +36,8 @@ struct ResNetLayout {
   int classes = 0;
 };
 
-// Throws core::InputError for a depth other than 18/34/50/101/152.
+// Throws core::InputError for a depth other than 18/34/50/101/152, or a width that is not a
+// positive multiple of 8.
 ResNetLayout resnet_layout(const ResNetConfig& cfg);
 
 // Every parameter tensor in torchvision's state_dict order (running stats excluded).

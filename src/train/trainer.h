@@ -19,6 +19,7 @@ struct TrainOptions {
   std::string data;        // ImageNet-layout folder; empty: synthetic
   std::string precision = "fp32";  // fp32 (TF32 off), tf32, fp16 (dynamic loss scaling), bf16
   int depth = 50;
+  int width = 64;          // channels of the stem and first stage: ResNet's 64, or fewer for quick runs
   int classes = 1000;      // synthetic only; a folder gives its own
   int image_size = 224;
   int batch = 256;         // per micro-batch

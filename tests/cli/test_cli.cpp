@@ -384,6 +384,9 @@ TEST(Cli, TrainUserMistakesExit2AndNoDeviceExits3) {
   EXPECT_EQ(run("train --synthetic --allreduce-dtype fp8").exit_code, 2);
   EXPECT_EQ(run("train --synthetic --conv-layout nhcw").exit_code, 2);
   EXPECT_EQ(run("train --synthetic --log-every -1").exit_code, 2);
+  const CliRun narrow = run("train --synthetic --depth 18 --width 12");
+  EXPECT_EQ(narrow.exit_code, 2) << narrow.out;
+  EXPECT_NE(narrow.out.find("ResNet width 12 is not a positive multiple of 8"), std::string::npos) << narrow.out;
   const CliRun env = gpulab::testing::run_command("RANK=1 " + std::string(GPULAB_EXE) + " train --synthetic --steps 1");
   EXPECT_EQ(env.exit_code, 2) << env.out;
   EXPECT_NE(env.out.find("RANK is set but WORLD_SIZE is not"), std::string::npos) << env.out;

@@ -31,6 +31,7 @@
 #include "train/optimizer.h"
 #include "train/resnet.h"
 #include "train/trainer.h"
+#include "train/train_test_util.h"
 
 using namespace gpulab;
 using namespace gpulab::train;
@@ -287,6 +288,7 @@ namespace {
 TrainOptions tiny_training() {
   TrainOptions o;
   o.depth = 18;
+  o.width = fixtures::test_width();
   o.classes = 10;
   o.image_size = 32;
   o.batch = 8;

@@ -42,6 +42,20 @@ TEST(ResNetConfig, Resnet50IsV15WithTorchvisionNames) {
   EXPECT_THROW(resnet_layout({20, 10, 64, false}), gpulab::core::InputError);
 }
 
+// A narrower ResNet (--width) has the same layers, names and strides, each conv's channels scaled.
+TEST(ResNetConfig, WidthScalesEveryConvAndMustBeAMultipleOfEight) {
+  const ResNetLayout wide = resnet_layout({18, 10, 64, false}), narrow = resnet_layout({18, 10, 16, false});
+  ASSERT_EQ(narrow.convs.size(), wide.convs.size());
+  for (size_t i = 1; i < wide.convs.size(); ++i) {  // conv1 takes the image's 3 channels in either
+    EXPECT_EQ(narrow.convs[i].name, wide.convs[i].name);
+    EXPECT_EQ(narrow.convs[i].stride, wide.convs[i].stride);
+    EXPECT_EQ(4 * narrow.convs[i].in, wide.convs[i].in) << wide.convs[i].name;
+    EXPECT_EQ(4 * narrow.convs[i].out, wide.convs[i].out) << wide.convs[i].name;
+  }
+  EXPECT_EQ(4 * narrow.features, wide.features);
+  for (int width : {0, 4, 12, -8}) EXPECT_THROW(resnet_layout({18, 10, width, false}), gpulab::core::InputError) << width;
+}
+
 TEST(ResNetConfig, InitFollowsTorchvision) {
   const ResNetLayout l = resnet_layout({18, 10, 64, true});
   const auto params = resnet_params(l);

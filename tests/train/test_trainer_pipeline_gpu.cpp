@@ -15,6 +15,7 @@
 #include "common/temp_dir.h"
 #include "data/dataset.h"
 #include "train/trainer.h"
+#include "train/train_test_util.h"
 
 using namespace gpulab;
 using namespace gpulab::train;
@@ -47,6 +48,7 @@ TEST(TrainerPipelineGpu, GpuPipelineLearnsShapesAndSkipsACorruptFile) {
   o.data = dir.path.string();
   o.pipeline = "gpu";
   o.depth = 18;
+  o.width = fixtures::test_width();
   o.image_size = 64;
   o.batch = 24;
   // Under racecheck 12 steps, every file read once, and the learning is not judged, as in the
