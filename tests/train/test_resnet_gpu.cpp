@@ -249,6 +249,8 @@ TEST(ResNetGpu, HalfPrecisionForwardTracksFp32) {
   }
 }
 
+// Under racecheck 4 steps a precision, the learning not judged: each step launches the same
+// kernels, and 90 steps of them were cut at 537 s there (session 33).
 TEST(ResNetGpu, LossHalvesOnAFixedBatchInEveryPrecision) {
   GPULAB_REQUIRE_GPU();
   core::Stream s;
@@ -270,7 +272,7 @@ TEST(ResNetGpu, LossHalvesOnAFixedBatchInEveryPrecision) {
     }
     const LossScaleState* st = scaler ? scaler->device_state() : nullptr;
     std::vector<float> losses;
-    const int kSteps = 30;
+    const int kSteps = under_racecheck() ? 4 : 30;
     for (int step = 0; step < kSteps; ++step) {
       net.forward(b.images.get(), true, s);
       net.backward(b.labels.get(), 1.f, false, st, s);
@@ -283,7 +285,9 @@ TEST(ResNetGpu, LossHalvesOnAFixedBatchInEveryPrecision) {
     net.forward(b.images.get(), false, s);  // eval mode: BN from the running statistics
     for (float z : download(net.logits(), size_t(o.batch) * 10, s)) ASSERT_TRUE(std::isfinite(z));
     std::printf("%s loss: %.4f -> %.4f\n", std::string(core::dtype_name(dt)).c_str(), losses.front(), losses.back());
-    EXPECT_LT(losses.back(), 0.5f * losses.front());
+    if (!under_racecheck()) {
+      EXPECT_LT(losses.back(), 0.5f * losses.front());
+    }
     // fp16: the first steps at scale 65536 may overflow and be skipped (each halves the scale);
     // every step the scaler did not skip is one the optimizer took.
     const int skipped = scaler ? scaler->read(s).skipped_steps : 0;
