@@ -26,9 +26,11 @@ std::vector<double> time_on_stream(cudaStream_t stream, const std::function<void
   // each launch costs host memory, the more in NVIDIA's racy kernels: the decode suite's quick
   // pass (10 samples, each as many calls as fill 1 ms, after 20 ms of them) took 124.7 GiB of a
   // 128 GiB machine in its first 90 s (session 44; that the launch count did it is our reading).
-  // Two single calls there, each waited for: every kernel still runs, checked.
-  if (core::under_racecheck()) return {run(1), run(1)};
-  const double first = std::max(run(1), 1e-4);
+  // Two single calls there, each waited for: every kernel still runs, checked (and a call below
+  // the events' resolution still gives a finite rate, as the clamp below does for `calls`).
+  const auto single = [&] { return std::max(run(1), 1e-4); };
+  if (core::under_racecheck()) return {single(), single()};
+  const double first = single();
   const int calls = std::clamp(int(std::ceil(plan.min_sample_ms / first)), 1, 10000);
   for (double warm = first; warm < plan.warmup_ms;) warm += run(calls);
   std::vector<double> out;
