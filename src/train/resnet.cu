@@ -51,7 +51,7 @@ cudnnDataType_t cudnn_type(core::DType dt) {
 // The activation-sized kernels move 16 bytes per load and store: scalar ones reached about 60 %
 // (masked copy) and 70 % (add + ReLU) of the copy bandwidth in a tf32 step on the H200, where they
 // took a quarter of the GPU time. Their tensors are whole cudaMalloc buffers (256-byte aligned) of
-// batch x H x W x C elements with C a multiple of 8 (resnet_layout's width), so n is whole packs (see packs_of).
+// batch x H x W x C elements with C a multiple of 8 (check_gpu_width), so n is whole packs (see packs_of).
 template <class T>
 constexpr int kPack = 16 / int(sizeof(T));
 
@@ -419,6 +419,7 @@ struct ResNet::Impl {
 
 ResNet::Impl::Impl(const ModelOptions& o) : opt(o), layout(resnet_layout(o.net)), specs(resnet_params(layout)) {
   cudnn_type(opt.dtype);  // rejects dtypes cuDNN training does not take
+  check_gpu_width(opt.net.width);
   if (opt.batch < 1 || opt.image_size < 32) throw core::InputError("training needs batch >= 1 and images of at least 32x32");
   elem = core::dtype_size(opt.dtype);
   GPULAB_CHECK(cudnnCreate(&cudnn));

@@ -8,6 +8,11 @@
 
 namespace gpulab::train {
 
+void check_gpu_width(int width) {
+  if (width < 8 || width % 8)
+    throw core::InputError("ResNet width " + std::to_string(width) + " is not a positive multiple of 8 (64 is ResNet's)");
+}
+
 ResNetLayout resnet_layout(const ResNetConfig& cfg) {
   std::vector<int> blocks;
   bool bottleneck = true;
@@ -19,10 +24,7 @@ ResNetLayout resnet_layout(const ResNetConfig& cfg) {
     case 152: blocks = {3, 8, 36, 3}; break;
     default: throw core::InputError("ResNet depth " + std::to_string(cfg.depth) + " is not one of 18, 34, 50, 101, 152");
   }
-  if (cfg.classes < 1) throw core::InputError("ResNet needs at least one class");
-  // The activation kernels move 16 bytes (8 halfs) at a time over whole channel rows.
-  if (cfg.width < 8 || cfg.width % 8)
-    throw core::InputError("ResNet width " + std::to_string(cfg.width) + " is not a positive multiple of 8 (64 is ResNet's)");
+  if (cfg.classes < 1 || cfg.width < 1) throw core::InputError("ResNet needs at least one class and channel");
   ResNetLayout l;
   l.classes = cfg.classes;
   auto add = [&](std::string name, std::string bn, int in, int out, int k, int stride, bool relu, bool zero) {

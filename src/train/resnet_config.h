@@ -36,9 +36,13 @@ struct ResNetLayout {
   int classes = 0;
 };
 
-// Throws core::InputError for a depth other than 18/34/50/101/152, or a width that is not a
-// positive multiple of 8.
+// Throws core::InputError for a depth other than 18/34/50/101/152.
 ResNetLayout resnet_layout(const ResNetConfig& cfg);
+
+// The GPU model's activation kernels move 16 bytes (8 halfs) at a time over whole channel rows,
+// so it takes a width (ResNetConfig::width) that is a positive multiple of 8; throws
+// core::InputError for another. A layout alone takes any.
+void check_gpu_width(int width);
 
 // Every parameter tensor in torchvision's state_dict order (running stats excluded).
 struct ParamSpec {

@@ -42,8 +42,9 @@ TEST(ResNetConfig, Resnet50IsV15WithTorchvisionNames) {
   EXPECT_THROW(resnet_layout({20, 10, 64, false}), gpulab::core::InputError);
 }
 
-// A narrower ResNet (--width) has the same layers, names and strides, each conv's channels scaled.
-TEST(ResNetConfig, WidthScalesEveryConvAndMustBeAMultipleOfEight) {
+// A narrower ResNet (--width) has the same layers, names and strides, each conv's channels scaled;
+// the GPU model takes multiples of 8.
+TEST(ResNetConfig, WidthScalesEveryConvAndTheGpuTakesMultiplesOfEight) {
   const ResNetLayout wide = resnet_layout({18, 10, 64, false}), narrow = resnet_layout({18, 10, 16, false});
   ASSERT_EQ(narrow.convs.size(), wide.convs.size());
   for (size_t i = 1; i < wide.convs.size(); ++i) {  // conv1 takes the image's 3 channels in either
@@ -53,7 +54,9 @@ TEST(ResNetConfig, WidthScalesEveryConvAndMustBeAMultipleOfEight) {
     EXPECT_EQ(4 * narrow.convs[i].out, wide.convs[i].out) << wide.convs[i].name;
   }
   EXPECT_EQ(4 * narrow.features, wide.features);
-  for (int width : {0, 4, 12, -8}) EXPECT_THROW(resnet_layout({18, 10, width, false}), gpulab::core::InputError) << width;
+  for (int width : {0, 4, 12, -8}) EXPECT_THROW(check_gpu_width(width), gpulab::core::InputError) << width;
+  for (int width : {8, 16, 64}) EXPECT_NO_THROW(check_gpu_width(width)) << width;
+  EXPECT_THROW(resnet_layout({18, 10, 0, false}), gpulab::core::InputError);
 }
 
 TEST(ResNetConfig, InitFollowsTorchvision) {
