@@ -160,7 +160,7 @@ TrainReport train_rank(const TrainOptions& opt, DataParallel* dp, const std::fun
   // Checkpoints are read before anything starts on the GPU: a bad file is an input error.
   const ResNetConfig net_config{opt.depth, classes, opt.width, false};
   const ResNetLayout layout = resnet_layout(net_config);
-  check_gpu_width(opt.width);
+  check_gpu_width(opt.width);  // the ResNet checks it too, but after the device is looked for
   if (!opt.resume && !opt.checkpoint_dir.empty() && std::filesystem::exists(checkpoint_file(opt.checkpoint_dir)))
     throw core::InputError(checkpoint_file(opt.checkpoint_dir).string() +
                            " exists: add --resume to continue that run, or choose another --checkpoint folder");

@@ -15,9 +15,9 @@ namespace gpulab::train::fixtures {
 
 // The ResNet width of the training tests' runs: 64, and 16 under racecheck, which looks for races
 // inside each kernel, and ours are the same kernels at any width, on fewer channels (the ResNet
-// tests run at 8 and 16 everywhere). There a step at 64 took 76-98 s, mostly in cuDNN's instrumented kernels: six
-// passes at widths 8 and 16 took 117 s, 9 s with cuDNN's kernels left out (session 44). How much
-// faster 16 makes a step is not yet measured.
+// tests run at 8 and 16 everywhere). There a step at 64 took 76-98 s, mostly in cuDNN's
+// instrumented kernels: six passes at widths 8 and 16 took 117 s, 9 s with cuDNN's kernels left
+// out (session 44). How much faster 16 makes a step is not yet measured.
 inline int test_width() { return core::under_racecheck() ? 16 : 64; }
 
 // ResNet-18 (test_width), 10 classes, 32 px, batch 8, 8 steps of SGD at 0.05 with 2 warmup
