@@ -160,6 +160,7 @@ void report_worst(const ResNet& net, const std::vector<double>& errors, const st
     if (errors[t] > worst || std::isnan(errors[t])) worst = errors[t], worst_name = p.name;
   }
   std::printf("%s: worst relative L2 %.3g (%s)\n", what.c_str(), worst, worst_name.c_str());
+  std::fflush(stdout);  // a run that a sanitizer's time limit ends still shows how far it got
 }
 
 void worst_per_tensor(const ResNet& net, const std::vector<float>& got, const std::vector<float>& want,
@@ -234,7 +235,10 @@ TEST(ReferenceGpu, Fp32GradientsWithOwnBatchNormKernelsMatchTorchvision) {
   dpo.sync_batchnorm = true;
   DataParallel dp(comm, dpo);
   LoadedModel run(*ref, core::DType::f32, &dp);
-  EXPECT_LE(rel_l2(run.logits(*ref), floats(*ref->file, "logits")), 1e-3);
+  const double logits_err = rel_l2(run.logits(*ref), floats(*ref->file, "logits"));
+  std::printf("own batch norm: fp32 logits relative L2 %.3g\n", logits_err);
+  std::fflush(stdout);
+  EXPECT_LE(logits_err, 1e-3);
   compare_gradients(run, *ref, "own batch norm:");
 }
 
