@@ -17,7 +17,8 @@ namespace gpulab::train::fixtures {
 // inside each kernel, and ours are the same kernels at any width, on fewer channels (the ResNet
 // tests run at 8 and 16 everywhere). There a step at 64 took 76-98 s, mostly in cuDNN's
 // instrumented kernels: six passes at widths 8 and 16 took 117 s, 9 s with cuDNN's kernels left
-// out (session 44). How much faster 16 makes a step is not yet measured.
+// out (session 44). At 16 a step took about 11-48 s with 2-4 runs sharing the GPU (session 46; the
+// runs at 64 had others beside them too, so not a like-for-like timing).
 inline int test_width() { return core::under_racecheck() ? 16 : 64; }
 
 // ResNet-18 (test_width), 10 classes, 32 px, batch 8, 8 steps of SGD at 0.05 with 2 warmup
