@@ -199,6 +199,15 @@ std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& 
   return d;
 }
 
+// Relative L2 of the run's logits from torchvision's fp32 ones, printed as `what` (and flushed, so
+// that a run a sanitizer's time limit ends still shows that the forward finished).
+double logits_error(LoadedModel& run, const Reference& ref, const std::string& what) {
+  const double e = rel_l2(run.logits(ref), floats(*ref.file, "logits"));
+  std::printf("%s logits: relative L2 %.3g against torchvision fp32\n", what.c_str(), e);
+  std::fflush(stdout);
+  return e;
+}
+
 }  // namespace
 
 #define GPULAB_REQUIRE_REFERENCE(ref)                   \
@@ -210,10 +219,7 @@ std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& 
 TEST(ReferenceGpu, Fp32ForwardBackwardMatchTorchvision) {
   GPULAB_REQUIRE_REFERENCE(ref);
   LoadedModel run(*ref, core::DType::f32);
-  const std::vector<float> want_logits = floats(*ref->file, "logits");
-  const double logits_err = rel_l2(run.logits(*ref), want_logits);
-  std::printf("fp32 logits: relative L2 %.3g\n", logits_err);
-  EXPECT_LE(logits_err, 1e-3);
+  EXPECT_LE(logits_error(run, *ref, "fp32"), 1e-3);
   compare_gradients(run, *ref, "cuDNN batch norm:");
   const float loss = run.net->last_loss(run.stream), want_loss = floats(*ref->file, "loss")[0];
   std::printf("loss: gpulab %.7f, torchvision %.7f\n", loss, want_loss);
@@ -235,10 +241,7 @@ TEST(ReferenceGpu, Fp32GradientsWithOwnBatchNormKernelsMatchTorchvision) {
   dpo.sync_batchnorm = true;
   DataParallel dp(comm, dpo);
   LoadedModel run(*ref, core::DType::f32, &dp);
-  const double logits_err = rel_l2(run.logits(*ref), floats(*ref->file, "logits"));
-  std::printf("own batch norm: fp32 logits relative L2 %.3g\n", logits_err);
-  std::fflush(stdout);
-  EXPECT_LE(logits_err, 1e-3);
+  EXPECT_LE(logits_error(run, *ref, "own batch norm: fp32"), 1e-3);
   compare_gradients(run, *ref, "own batch norm:");
 }
 
@@ -287,9 +290,8 @@ TEST(ReferenceGpu, HalfPrecisionForwardWithin2e2OfTorchvisionFp32) {
   const std::vector<float> want = floats(*ref->file, "logits");
   for (const core::DType dt : {core::DType::f16, core::DType::bf16}) {
     LoadedModel run(*ref, dt);
-    const double e = rel_l2(run.logits(*ref), want);
     const std::string name(core::dtype_name(dt));
-    std::printf("%s logits: relative L2 %.3g against torchvision fp32\n", name.c_str(), e);
+    const double e = logits_error(run, *ref, name);
     const std::string torch_half = "logits." + std::string(dt == core::DType::f16 ? "fp16" : "bf16");
     ASSERT_TRUE(ref->file->find(torch_half)) << "reference file without torch autocast logits";
     const double torch_e = rel_l2(floats(*ref->file, torch_half), want);
