@@ -2,10 +2,11 @@
 // ahead of its reports (TrainOptions::report_lag), the host issuing up to `lag` steps before it
 // reads a step's loss back; per-step reports (in order), final weights, checkpoints and
 // non-finite-loss errors are exactly those of the synchronous loop (report_lag 0), on synthetic
-// data and through both input pipelines. CudaGraphGpu: steps replayed from CUDA graphs
-// (--cuda-graph) train to the same bits as eager ones.
+// data and through both input pipelines. CudaGraphGpu, CudaGraphReplayGpu: steps replayed from
+// CUDA graphs (--cuda-graph) train to the same bits as eager ones.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -218,42 +219,50 @@ TEST(StepLagGpu, NonFiniteLossStillStopsTheRunAtTheSameStep) {
   EXPECT_EQ(seen[1], seen[0]);
 }
 
-TEST(CudaGraphGpu, ReplayedStepsTrainBitForBitAsEagerOnes) {
+// One replay case a test, so that racecheck, which runs a case for minutes, can take them apart
+// and side by side (session 46: three of the five in one test outlasted a device call).
+struct ReplayCase {
+  const char* precision;
+  const char* optimizer;
+  int accum;
+};
+
+std::string case_tag(const ReplayCase& c) {
+  return std::string(c.precision) + "_" + c.optimizer + "_accum" + std::to_string(c.accum);
+}
+
+class CudaGraphReplayGpu : public testing::TestWithParam<ReplayCase> {};
+
+TEST_P(CudaGraphReplayGpu, StepsTrainBitForBitAsEagerOnes) {
   // tiny_run: 2 untimed steps, so steps 2..7 replay (2..3 under racecheck); the warmup-then-cosine
   // rate changes every step (a rate frozen at capture would show), and the export holds
   // num_batches_tracked.
   GPULAB_REQUIRE_GPU();
-  const fs::path dir = temp_dir("cuda_graph");
-  struct Case {
-    const char* precision;
-    OptimizerKind kind;
-    int accum;
-  };
-  for (const Case c : {Case{"fp32", OptimizerKind::sgd, 1}, Case{"fp16", OptimizerKind::sgd, 1},
-                       Case{"fp16", OptimizerKind::lars, 2}, Case{"fp32", OptimizerKind::lamb, 3},
-                       Case{"bf16", OptimizerKind::sgd, 2}}) {
-    // Under racecheck: the last three cases, which hold every precision and optimizer of the first
-    // two, and no repeat run.
-    if (under_racecheck() && c.accum == 1) continue;
-    const std::string tag = std::string(c.precision) + "_" + std::to_string(int(c.kind)) + "_" + std::to_string(c.accum);
-    SCOPED_TRACE(tag);
-    TrainOptions o = deterministic_run(c.precision);
-    o.optimizer.kind = c.kind;
-    o.optimizer.weight_decay = c.kind == OptimizerKind::lamb ? 0.01f : 5e-5f;
-    o.schedule.base = c.kind == OptimizerKind::lamb ? 0.005 : c.kind == OptimizerKind::lars ? 0.5 : 0.05;
-    o.accum = c.accum;
-    const Outcome eager = train_once(o, dir / (tag + "_eager"));
-    const Outcome graph = train_once(with_graph(o), dir / (tag + "_graph"));
-    EXPECT_EQ(eager.report.graph_steps, 0);
-    EXPECT_EQ(graph.report.graph_steps, o.steps - o.warmup_steps_untimed);
-    expect_same(eager, graph, o.steps);
-    // And run to run: a graph run repeats itself.
-    if (!under_racecheck()) {
-      EXPECT_TRUE(train_once(with_graph(o), dir / (tag + "_graph2")).exported == graph.exported);
-    }
+  const ReplayCase c = GetParam();
+  const fs::path dir = temp_dir("cuda_graph_" + case_tag(c));
+  TrainOptions o = deterministic_run(c.precision);
+  o.optimizer.kind = optimizer_from_name(c.optimizer);
+  o.optimizer.weight_decay = o.optimizer.kind == OptimizerKind::lamb ? 0.01f : 5e-5f;
+  o.schedule.base = o.optimizer.kind == OptimizerKind::lamb ? 0.005 : o.optimizer.kind == OptimizerKind::lars ? 0.5 : 0.05;
+  // Under racecheck at most 2 micro-batches a step: a third launches the same kernels again.
+  o.accum = under_racecheck() ? std::min(c.accum, 2) : c.accum;
+  const Outcome eager = train_once(o, dir / "eager");
+  const Outcome graph = train_once(with_graph(o), dir / "graph");
+  EXPECT_EQ(eager.report.graph_steps, 0);
+  EXPECT_EQ(graph.report.graph_steps, o.steps - o.warmup_steps_untimed);
+  expect_same(eager, graph, o.steps);
+  // And run to run: a graph run repeats itself.
+  if (!under_racecheck()) {
+    EXPECT_TRUE(train_once(with_graph(o), dir / "graph2").exported == graph.exported);
   }
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaGraphReplayGpu,
+                         testing::Values(ReplayCase{"fp32", "sgd", 1}, ReplayCase{"fp16", "sgd", 1},
+                                         ReplayCase{"fp16", "lars", 2}, ReplayCase{"fp32", "lamb", 3},
+                                         ReplayCase{"bf16", "sgd", 2}),
+                         [](const testing::TestParamInfo<ReplayCase>& info) { return case_tag(info.param); });
 
 TEST(CudaGraphGpu, CheckpointAndResumeAcrossReplays) {
   // A graph run stopped at step 5 (checkpoint) and resumed with the graph equals the eager run:
