@@ -221,6 +221,8 @@ TEST(StepLagGpu, NonFiniteLossStillStopsTheRunAtTheSameStep) {
 
 // One replay case a test, so that racecheck, which runs a case for minutes, can take them apart
 // and side by side (session 46: three of the five in one test outlasted a device call).
+namespace {
+
 struct ReplayCase {
   const char* precision;
   const char* optimizer;
@@ -232,6 +234,8 @@ std::string case_tag(const ReplayCase& c) {
 }
 
 class CudaGraphReplayGpu : public testing::TestWithParam<ReplayCase> {};
+
+}  // namespace
 
 TEST_P(CudaGraphReplayGpu, StepsTrainBitForBitAsEagerOnes) {
   // tiny_run: 2 untimed steps, so steps 2..7 replay (2..3 under racecheck); the warmup-then-cosine
