@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -232,6 +233,9 @@ struct ReplayCase {
 std::string case_tag(const ReplayCase& c) {
   return std::string(c.precision) + "_" + c.optimizer + "_accum" + std::to_string(c.accum);
 }
+
+// How gtest (and so ctest's test names) prints a case, instead of its bytes.
+void PrintTo(const ReplayCase& c, std::ostream* os) { *os << case_tag(c); }
 
 class CudaGraphReplayGpu : public testing::TestWithParam<ReplayCase> {};
 
