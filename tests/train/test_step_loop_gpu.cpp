@@ -249,9 +249,10 @@ TEST_P(CudaGraphReplayGpu, StepsTrainBitForBitAsEagerOnes) {
   const ReplayCase c = GetParam();
   const fs::path dir = temp_dir("cuda_graph_" + case_tag(c));
   TrainOptions o = deterministic_run(c.precision);
-  o.optimizer.kind = optimizer_from_name(c.optimizer);
-  o.optimizer.weight_decay = o.optimizer.kind == OptimizerKind::lamb ? 0.01f : 5e-5f;
-  o.schedule.base = o.optimizer.kind == OptimizerKind::lamb ? 0.005 : o.optimizer.kind == OptimizerKind::lars ? 0.5 : 0.05;
+  const OptimizerKind kind = optimizer_from_name(c.optimizer);
+  o.optimizer.kind = kind;
+  o.optimizer.weight_decay = kind == OptimizerKind::lamb ? 0.01f : 5e-5f;
+  o.schedule.base = kind == OptimizerKind::lamb ? 0.005 : kind == OptimizerKind::lars ? 0.5 : 0.05;
   // Under racecheck at most 2 micro-batches a step: a third launches the same kernels again.
   o.accum = under_racecheck() ? std::min(c.accum, 2) : c.accum;
   const Outcome eager = train_once(o, dir / "eager");
