@@ -106,6 +106,14 @@ TEST_P(DiagnoseExample, PlantedRuleIsTheTopFinding) {
   GPULAB_REQUIRE_GPU();
   const std::string rule = GetParam();
   const Diagnosis d = diagnose(rule, example(rule));
+  // compute-sanitizer may hold the example's one CUPTI subscription itself (racecheck does on
+  // driver 580), so that the tracer cannot start: the example then runs under the tool untraced and
+  // diagnose says so. All such a run can show is that the example ran clean to its end; its trace
+  // is judged in the plain run.
+  if (!sanitizer_tool().empty() && d.out.find("another CUPTI tool holds this process") != std::string::npos) {
+    EXPECT_NE(d.out.find("wrote no trace (exit status 0)"), std::string::npos) << d.out;
+    return;
+  }
   ASSERT_EQ(d.exit_code, 0) << d.out;
   ASSERT_TRUE(d.report.contains("findings")) << d.out;
   // A sanitizer slows the example's kernels 10-100x, which changes what its timeline shows (a
